@@ -1,0 +1,77 @@
+// Stats: every figure spillway reports, declared once.
+//
+// Key names (a contract, design section 3) follow PyTorch's
+// torch.cuda.memory_stats() so users and tools can map them one to one:
+// "allocated_bytes.all.current" etc., plus spillway's own keys for model data.
+// To add a figure, add one line to an X-macro below; the JSON writer and the
+// flat key list follow.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace spillway {
+
+// PyTorch's Stat: a gauge with its peak and the running totals both ways.
+struct StatArray {
+  std::int64_t current = 0;
+  std::int64_t peak = 0;
+  std::int64_t allocated = 0;  // total ever added
+  std::int64_t freed = 0;      // total ever removed
+
+  void increase(std::int64_t amount) {
+    current += amount;
+    allocated += amount;
+    if (current > peak) peak = current;
+  }
+  void decrease(std::int64_t amount) {
+    current -= amount;
+    freed += amount;
+  }
+  void reset_peak() { peak = current; }
+  friend bool operator==(const StatArray&, const StatArray&) = default;
+};
+
+// X(member, "json key prefix"): written as "<prefix>.all.current|peak|allocated|freed".
+#define SPILLWAY_STAT_ARRAYS(X)           \
+  X(allocated_bytes, "allocated_bytes")   \
+  X(reserved_bytes, "reserved_bytes")     \
+  X(active_bytes, "active_bytes")         \
+  X(allocation, "allocation")             \
+  X(segment, "segment")
+
+// X(member, "json key"): plain counters and gauges.
+#define SPILLWAY_STAT_SCALARS(X)                 \
+  X(num_alloc_retries, "num_alloc_retries")      \
+  X(num_ooms, "num_ooms")                        \
+  X(num_device_alloc, "num_device_alloc")        \
+  X(num_device_free, "num_device_free")          \
+  X(chunk_bytes_device, "chunk_bytes.device")    \
+  X(chunk_bytes_host, "chunk_bytes.host")        \
+  X(bytes_moved_h2d, "bytes_moved.h2d")          \
+  X(bytes_moved_d2h, "bytes_moved.d2h")          \
+  X(evictions, "evictions")                      \
+  X(prefetches, "prefetches")                    \
+  X(stall_ns, "stall_ns")
+
+struct Stats {
+#define SPILLWAY_DECLARE_ARRAY(member, key) StatArray member;
+#define SPILLWAY_DECLARE_SCALAR(member, key) std::int64_t member = 0;
+  SPILLWAY_STAT_ARRAYS(SPILLWAY_DECLARE_ARRAY)
+  SPILLWAY_STAT_SCALARS(SPILLWAY_DECLARE_SCALAR)
+#undef SPILLWAY_DECLARE_ARRAY
+#undef SPILLWAY_DECLARE_SCALAR
+
+  void reset_peaks();
+
+  // Every figure as (key, value), in declaration order.
+  std::vector<std::pair<std::string, std::int64_t>> flatten() const;
+  // One flat JSON object of flatten()'s pairs.
+  std::string to_json() const;
+
+  friend bool operator==(const Stats&, const Stats&) = default;
+};
+
+}  // namespace spillway

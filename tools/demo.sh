@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Installs dependencies, builds spillway, and runs the demo on this machine's
+# device (the simulated GPU where no GPU is usable).
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+"$root/tools/install-deps.sh"
+build=${SPILLWAY_BUILD_DIR:-$root/build}
+cmake -S "$root" -B "$build" -G Ninja >"$build.configure.log" 2>&1 || { cat "$build.configure.log"; exit 1; }
+grep '^-- spillway:' "$build.configure.log" || true
+cmake --build "$build" -j"$(nproc)" --target spillway-demo
+# A modest simulated GPU with PCIe-like copies, unless the caller says otherwise.
+export SPILLWAY_CONF=${SPILLWAY_CONF:-device:auto,sim_capacity:2GB,sim_bandwidth:25GB/s,log:info}
+exec "$build/bin/spillway-demo" "$@"

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Runs every test on a fresh machine: installs dependencies, builds, runs ctest.
+#
+#   bash tools/test.sh                          # build/, RelWithDebInfo
+#   SPILLWAY_SANITIZER=address bash tools/test.sh   # build-asan/, ASan+UBSan
+#   SPILLWAY_SANITIZER=thread bash tools/test.sh    # build-tsan/, TSan
+#
+# GPU tests (ctest label `gpu`) run everywhere and report as skipped where no
+# GPU is usable; the list of skipped tests is printed at the end.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+"$root/tools/install-deps.sh"
+
+sanitizer=${SPILLWAY_SANITIZER:-}
+build=${SPILLWAY_BUILD_DIR:-$root/build${sanitizer:+-${sanitizer/address/asan}}}
+build=${build/-thread/-tsan}
+jobs=$(nproc)
+
+cmake_args=(-S "$root" -B "$build" -G Ninja -DSPILLWAY_SANITIZER="$sanitizer")
+if [[ -n $sanitizer ]]; then
+  cmake_args+=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPILLWAY_BUILD_BENCHMARKS=OFF)
+fi
+cmake "${cmake_args[@]}" >"$build.configure.log" 2>&1 || { cat "$build.configure.log"; exit 1; }
+grep '^-- spillway:' "$build.configure.log" || true
+cmake --build "$build" -j"$jobs"
+
+if [[ $sanitizer == address ]]; then
+  export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
+  export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+elif [[ $sanitizer == thread ]]; then
+  export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+fi
+
+log="$build/ctest.log"
+set +e
+ctest --test-dir "$build" --output-on-failure -j"$jobs" 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+
+echo
+echo "spillway: sanitizer: ${sanitizer:-none}"
+grep '^-- spillway: CUDA backend' "$build.configure.log" | sed 's/^-- //' || true
+skipped=$(grep -E '^[[:space:]]+[0-9]+ - .*\(Skipped\)$' "$log" | sed -E 's/^[[:space:]]*[0-9]+ - //; s/[[:space:]]+#.*//; s/ \(Skipped\)//' | sort -u || true)
+if [[ -n $skipped ]]; then
+  echo "spillway: skipped tests (no usable GPU here):"
+  sed 's/^/  /' <<<"$skipped"
+fi
+exit "$status"
