@@ -12,10 +12,10 @@ void Stats::reset_peaks() {
 
 std::vector<std::pair<std::string, std::int64_t>> Stats::flatten() const {
   std::vector<std::pair<std::string, std::int64_t>> figures;
-#define SPILLWAY_FLATTEN_ARRAY(member, key)                         \
-  figures.emplace_back(key ".all.current", member.current);         \
-  figures.emplace_back(key ".all.peak", member.peak);               \
-  figures.emplace_back(key ".all.allocated", member.allocated);     \
+#define SPILLWAY_FLATTEN_ARRAY(member, key)                     \
+  figures.emplace_back(key ".all.current", member.current);     \
+  figures.emplace_back(key ".all.peak", member.peak);           \
+  figures.emplace_back(key ".all.allocated", member.allocated); \
   figures.emplace_back(key ".all.freed", member.freed);
 #define SPILLWAY_FLATTEN_SCALAR(member, key) figures.emplace_back(key, member);
   SPILLWAY_STAT_ARRAYS(SPILLWAY_FLATTEN_ARRAY)

@@ -35,25 +35,25 @@ struct StatArray {
 };
 
 // X(member, "json key prefix"): written as "<prefix>.all.current|peak|allocated|freed".
-#define SPILLWAY_STAT_ARRAYS(X)           \
-  X(allocated_bytes, "allocated_bytes")   \
-  X(reserved_bytes, "reserved_bytes")     \
-  X(active_bytes, "active_bytes")         \
-  X(allocation, "allocation")             \
+#define SPILLWAY_STAT_ARRAYS(X)         \
+  X(allocated_bytes, "allocated_bytes") \
+  X(reserved_bytes, "reserved_bytes")   \
+  X(active_bytes, "active_bytes")       \
+  X(allocation, "allocation")           \
   X(segment, "segment")
 
 // X(member, "json key"): plain counters and gauges.
-#define SPILLWAY_STAT_SCALARS(X)                 \
-  X(num_alloc_retries, "num_alloc_retries")      \
-  X(num_ooms, "num_ooms")                        \
-  X(num_device_alloc, "num_device_alloc")        \
-  X(num_device_free, "num_device_free")          \
-  X(chunk_bytes_device, "chunk_bytes.device")    \
-  X(chunk_bytes_host, "chunk_bytes.host")        \
-  X(bytes_moved_h2d, "bytes_moved.h2d")          \
-  X(bytes_moved_d2h, "bytes_moved.d2h")          \
-  X(evictions, "evictions")                      \
-  X(prefetches, "prefetches")                    \
+#define SPILLWAY_STAT_SCALARS(X)              \
+  X(num_alloc_retries, "num_alloc_retries")   \
+  X(num_ooms, "num_ooms")                     \
+  X(num_device_alloc, "num_device_alloc")     \
+  X(num_device_free, "num_device_free")       \
+  X(chunk_bytes_device, "chunk_bytes.device") \
+  X(chunk_bytes_host, "chunk_bytes.host")     \
+  X(bytes_moved_h2d, "bytes_moved.h2d")       \
+  X(bytes_moved_d2h, "bytes_moved.d2h")       \
+  X(evictions, "evictions")                   \
+  X(prefetches, "prefetches")                 \
   X(stall_ns, "stall_ns")
 
 struct Stats {

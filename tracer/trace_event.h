@@ -18,7 +18,7 @@ enum class TraceEventKind : std::uint8_t {
 struct TraceEvent {
   std::uint64_t time_ns = 0;  // Device::now_ns()
   TraceEventKind kind = TraceEventKind::alloc;
-  std::uint64_t stream = 0;   // the stream handle as an integer (0: default stream)
+  std::uint64_t stream = 0;  // the stream handle as an integer (0: default stream)
   std::uint64_t address = 0;
   std::uint64_t size = 0;
 };

@@ -207,7 +207,8 @@ Status SimDevice::do_malloc(void** ptr, std::size_t bytes) {
   std::lock_guard lock(memory_mutex_);
   if (memory == nullptr) {
     used_bytes_ -= rounded;
-    return fail(Status::out_of_memory, "malloc: host memory backing the simulated device is exhausted");
+    return fail(Status::out_of_memory,
+                "malloc: host memory backing the simulated device is exhausted");
   }
   device_allocations_.emplace(memory, rounded);
   *ptr = memory;
@@ -223,8 +224,8 @@ Status SimDevice::do_free(void* ptr) {
     std::lock_guard lock(memory_mutex_);
     auto found = device_allocations_.find(ptr);
     if (found == device_allocations_.end()) {
-      return fail(Status::invalid_argument, "free of " + pointer_text(ptr) +
-                                                ", which is not a live device allocation");
+      return fail(Status::invalid_argument,
+                  "free of " + pointer_text(ptr) + ", which is not a live device allocation");
     }
     bytes = found->second;
     device_allocations_.erase(found);
@@ -280,8 +281,8 @@ bool SimDevice::range_in_device_allocation(const void* ptr, std::size_t bytes) c
   auto after = device_allocations_.upper_bound(ptr);
   if (after == device_allocations_.begin()) return false;
   const auto& [base, size] = *std::prev(after);
-  const auto offset = static_cast<std::size_t>(static_cast<const char*>(ptr) -
-                                               static_cast<const char*>(base));
+  const auto offset =
+      static_cast<std::size_t>(static_cast<const char*>(ptr) - static_cast<const char*>(base));
   return offset < size && bytes <= size - offset;
 }
 
@@ -357,9 +358,9 @@ Status SimDevice::do_copy_async(void* dst, const void* src, std::size_t bytes, S
   bool in_bounds = false;
   const CopyDirection direction = classify_copy(dst, src, bytes, &in_bounds);
   if (!in_bounds) {
-    return fail(Status::invalid_argument, "copy_async of " + std::to_string(bytes) + " bytes from " +
-                                              pointer_text(src) + " to " + pointer_text(dst) +
-                                              " runs past the end of a device allocation");
+    return fail(Status::invalid_argument,
+                "copy_async of " + std::to_string(bytes) + " bytes from " + pointer_text(src) +
+                    " to " + pointer_text(dst) + " runs past the end of a device allocation");
   }
   const std::uint64_t delay_ns = copy_delay_ns_.load();
   queue->submit([=, this] { run_copy(dst, src, bytes, direction, delay_ns); });
@@ -368,7 +369,8 @@ Status SimDevice::do_copy_async(void* dst, const void* src, std::size_t bytes, S
 
 Status SimDevice::do_launch_host_function(Stream stream, HostFunction fn, void* user_data) {
   StreamQueue* queue = find_stream(stream);
-  if (queue == nullptr) return fail(Status::invalid_argument, "launch_host_function: unknown stream");
+  if (queue == nullptr)
+    return fail(Status::invalid_argument, "launch_host_function: unknown stream");
   if (fn == nullptr) return fail(Status::invalid_argument, "launch_host_function: null function");
   queue->submit([fn, user_data] { fn(user_data); });
   return Status::ok;
@@ -404,7 +406,8 @@ Status SimDevice::do_destroy_stream(Stream stream) {
   {
     std::lock_guard lock(handles_mutex_);
     auto found = streams_.find(stream.handle);
-    if (found == streams_.end()) return fail(Status::invalid_argument, "destroy_stream: unknown stream");
+    if (found == streams_.end())
+      return fail(Status::invalid_argument, "destroy_stream: unknown stream");
     queue = std::move(found->second);
     streams_.erase(found);
   }
@@ -432,7 +435,8 @@ Status SimDevice::do_create_event(Event* event) {
 
 Status SimDevice::do_destroy_event(Event event) {
   std::lock_guard lock(handles_mutex_);
-  if (events_.erase(event.handle) == 0) return fail(Status::invalid_argument, "destroy_event: unknown event");
+  if (events_.erase(event.handle) == 0)
+    return fail(Status::invalid_argument, "destroy_event: unknown event");
   return Status::ok;
 }
 

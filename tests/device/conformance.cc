@@ -129,7 +129,8 @@ TEST_P(DeviceConformance, HugeMallocFailsWithOutOfMemory) {
   MemoryInfo info;
   ASSERT_OK(device_->memory_info(&info));
   void* ptr = nullptr;
-  EXPECT_EQ(device_->malloc(&ptr, info.total_bytes + (std::size_t{1} << 30)), Status::out_of_memory);
+  EXPECT_EQ(device_->malloc(&ptr, info.total_bytes + (std::size_t{1} << 30)),
+            Status::out_of_memory);
   EXPECT_EQ(ptr, nullptr);
   // And the device keeps serving.
   ASSERT_OK(device_->malloc(&ptr, 4096));

@@ -5,8 +5,8 @@
 // two streams ordered by events, the way the chunk manager will, checks every
 // byte came back, and prints the copy speed beside the modelled one. The
 // training demo replaces this once the LibTorch bridge exists.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <cstring>
 #include <random>
@@ -27,7 +27,8 @@ struct DemoOptions {
 
 bool check(Device& device, Status status, const char* what) {
   if (status == Status::ok) return true;
-  fmt::print(stderr, "spillway-demo: {} failed: {} ({})\n", what, to_string(status), device.last_error());
+  fmt::print(stderr, "spillway-demo: {} failed: {} ({})\n", what, to_string(status),
+             device.last_error());
   return false;
 }
 
@@ -82,9 +83,10 @@ int run_demo(const Config& config, const DemoOptions& demo) {
   int mismatched = 0;
   for (int i = 0; i < demo.chunks; ++i) mismatched += std::memcmp(host[i], back[i], bytes) != 0;
   const double moved = 2.0 * demo.rounds * demo.chunks * bytes;
-  fmt::print("moved {} chunks of {:.1f} MiB {} times each way: {:.2f} GB in {:.3f} s ({:.2f} GB/s)\n",
-             demo.chunks, bytes / double(1 << 20), demo.rounds, moved / 1e9, seconds,
-             moved / 1e9 / seconds);
+  fmt::print(
+      "moved {} chunks of {:.1f} MiB {} times each way: {:.2f} GB in {:.3f} s ({:.2f} GB/s)\n",
+      demo.chunks, bytes / double(1 << 20), demo.rounds, moved / 1e9, seconds,
+      moved / 1e9 / seconds);
   if (device->kind() == DeviceKind::sim && config.sim_bandwidth > 0) {
     fmt::print("modelled bandwidth {:.2f} GB/s per direction\n", config.sim_bandwidth / 1e9);
   }
