@@ -24,7 +24,7 @@ enum class LogLevel { error = 0, warn = 1, info = 2, debug = 3 };
 // A byte count given either absolutely or as a fraction of some total
 // (device memory for device_budget, physical RAM for host_budget).
 struct ByteBudget {
-  std::size_t bytes = 0;   // used when fraction is unset
+  std::size_t bytes = 0;           // used when fraction is unset
   std::optional<double> fraction;  // in (0, 1]
 
   std::size_t resolve(std::size_t total_bytes) const;
@@ -50,7 +50,7 @@ struct Config {
 };
 
 struct ConfigError {
-  std::string key;    // empty when the error is not about one key (e.g. a missing ':')
+  std::string key;  // empty when the error is not about one key (e.g. a missing ':')
   std::string value;
   std::string message;  // whole sentence, names key, value and accepted form
 };

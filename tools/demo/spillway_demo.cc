@@ -41,7 +41,7 @@ int run_demo(const Config& config, const DemoOptions& demo) {
   }
   MemoryInfo memory;
   if (!check(*device, device->memory_info(&memory), "memory_info")) return 1;
-  fmt::print("device: {} ({:.2f} GiB free of {:.2f} GiB)\n", device->name(),
+  fmt::print("device: {}, {:.2f} of {:.2f} GiB free\n", device->name(),
              memory.free_bytes / double(1 << 30), memory.total_bytes / double(1 << 30));
 
   // Host copies of the chunks (pinned) and one device slot per chunk.
