@@ -30,8 +30,12 @@ std::unique_ptr<Device> make_cuda_device(std::string* error) {
 #if SPILLWAY_HAVE_CUDA
   std::string reason;
   std::unique_ptr<CudaDevice> device;
-  if (!CudaDevice::probe(&reason) || CudaDevice::create(0, &device) != Status::ok) {
+  if (!CudaDevice::probe(&reason)) {
     *error = "device:cuda: no usable GPU (" + reason + ")";
+    return nullptr;
+  }
+  if (CudaDevice::create(0, &device) != Status::ok) {
+    *error = "device:cuda: " + CudaDevice::thread_last_error();
     return nullptr;
   }
   return device;

@@ -89,6 +89,8 @@ class Device {
     return do_copy_async(dst, src, bytes, stream);
   }
   // Runs fn(user_data) in stream order, on a thread of the backend's choosing.
+  // fn must not call the Device (CUDA forbids it), and host functions on
+  // different streams may run one at a time (CUDA may serialise them).
   Status launch_host_function(Stream stream, HostFunction fn, void* user_data) {
     return do_launch_host_function(stream, fn, user_data);
   }

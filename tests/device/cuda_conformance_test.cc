@@ -10,7 +10,7 @@ std::unique_ptr<Device> make_cuda(std::string* skip_reason) {
   if (!CudaDevice::probe(skip_reason)) return nullptr;
   std::unique_ptr<CudaDevice> device;
   if (CudaDevice::create(0, &device) != Status::ok) {
-    *skip_reason = "CudaDevice::create(0) failed";
+    *skip_reason = "CudaDevice::create(0) failed: " + CudaDevice::thread_last_error();
     return nullptr;
   }
   return device;
