@@ -1,0 +1,39 @@
+// Block: one contiguous range of a device segment, either handed to a caller
+// or cached free. The blocks of a segment form a doubly linked list in address
+// order, so a freed block can merge with free neighbours (see Note [Split and
+// coalesce] in caching_allocator.cc).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "allocator/device/device.h"
+
+namespace spillway {
+
+class BlockPool;
+
+enum class BlockState : std::uint8_t {
+  free,              // cached in its pool, reusable on its stream
+  allocated,         // handed to a caller
+  awaiting_streams,  // freed by the caller, still in use on other streams
+};
+
+struct Block {
+  std::uintptr_t address = 0;
+  std::size_t size = 0;             // rounded; what allocated_bytes counts
+  std::size_t requested_bytes = 0;  // what the caller asked, for the trace
+  Stream stream;                    // the stream it was allocated on: its owner
+  BlockPool* pool = nullptr;
+  Block* prev = nullptr;  // neighbours in the same segment, by address
+  Block* next = nullptr;
+  BlockState state = BlockState::free;
+  int pending_events = 0;               // awaiting_streams: events not yet complete
+  std::vector<Stream> used_on_streams;  // record_stream, other than `stream`
+
+  bool is_whole_segment() const { return prev == nullptr && next == nullptr; }
+  void* pointer() const { return reinterpret_cast<void*>(address); }
+};
+
+}  // namespace spillway

@@ -1,0 +1,45 @@
+#include "allocator/out_of_memory_report.h"
+
+#include <fmt/format.h>
+
+namespace spillway {
+
+std::string format_bytes(std::size_t bytes) {
+  static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB"};
+  if (bytes < 1024) return fmt::format("{} bytes", bytes);
+  double value = static_cast<double>(bytes) / 1024;
+  int unit = 0;
+  while (value >= 1024 && unit + 1 < 4) {
+    value /= 1024;
+    ++unit;
+  }
+  return fmt::format("{:.2f} {}", value, kUnits[unit]);
+}
+
+std::string OutOfMemoryReport::message() const {
+  const std::string stream_text =
+      stream == 0 ? std::string("the default stream") : fmt::format("stream {:#x}", stream);
+  std::string text = fmt::format(
+      "out of memory: asked {} ({} bytes, {} rounded) on {}; budget {}, reserved {}, allocated "
+      "{}, cached {} (reserved - allocated",
+      format_bytes(asked_bytes), asked_bytes, rounded_bytes, stream_text,
+      format_bytes(budget_bytes), format_bytes(reserved_bytes), format_bytes(allocated_bytes),
+      format_bytes(reserved_bytes - allocated_bytes));
+  if (awaiting_streams_bytes != 0) {
+    text += fmt::format(", of which {} freed but still in use on other streams",
+                        format_bytes(awaiting_streams_bytes));
+  }
+  text += fmt::format("), largest free block {}", format_bytes(largest_free_block_bytes));
+  if (!reason.empty()) text += fmt::format("; {}", reason);
+  if (pressure_handler_holdings.empty()) {
+    text += "; no pressure handlers registered";
+  } else {
+    text += "; pressure handlers hold:";
+    for (std::size_t i = 0; i < pressure_handler_holdings.size(); ++i) {
+      text += fmt::format(" [{}] {}", i + 1, pressure_handler_holdings[i]);
+    }
+  }
+  return text;
+}
+
+}  // namespace spillway

@@ -1,0 +1,178 @@
+// Runtime: one activation's device, allocator and trace recorder. See the
+// design summary and Note [The process runtime lives forever] in runtime.h.
+#include "allocator/runtime.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <exception>
+
+#include "allocator/log.h"
+#include "allocator/make_device.h"
+
+namespace spillway {
+
+namespace {
+
+constexpr const char* kConfEnvironmentVariable = "SPILLWAY_CONF";
+
+// What a trace file says about the run that wrote it (docs/trace-format.md).
+TraceMetadata trace_metadata(const Config& config, Device& device, std::size_t total_bytes,
+                             std::size_t budget_bytes) {
+  const auto unix_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::system_clock::now().time_since_epoch())
+                           .count();
+  return {
+      {"writer", "spillway"},
+      {"device", device.name()},
+      {"device_kind", std::string(to_string(device.kind()))},
+      {"device_total_bytes", std::to_string(total_bytes)},
+      {"device_budget_bytes", std::to_string(budget_bytes)},
+      {"chunk_size_bytes", std::to_string(config.chunk_size)},
+      {"config", format_config(config)},
+      {"pid", std::to_string(::getpid())},
+      {"created_unix_ns", std::to_string(unix_ns)},
+      {"clock", "Device::now_ns, monotonic nanoseconds"},
+  };
+}
+
+}  // namespace
+
+Runtime::~Runtime() {
+  // The allocator first: returning its slabs may still trace. Then the trace
+  // file is completed, and the device goes last (a member, declared first).
+  allocator_.store(nullptr, std::memory_order_release);
+  owned_allocator_.reset();
+  if (recorder_ != nullptr) recorder_->close(device_->now_ns());
+}
+
+Runtime& Runtime::process() {
+  // Leaked on purpose: Note [The process runtime lives forever].
+  static Runtime* const runtime = [] {
+    auto* created = new Runtime();
+    std::atexit([] {
+      std::string error;
+      if (!Runtime::process().close_trace(&error))
+        SPILLWAY_LOG(error, "completing the trace file at exit failed: {}", error);
+    });
+    return created;
+  }();
+  return *runtime;
+}
+
+bool Runtime::configure(std::string_view conf, std::string* error) {
+  const ConfigResult parsed = parse_config(conf);
+  if (!parsed.ok()) {
+    *error = parsed.error->message;
+    return false;
+  }
+  std::lock_guard lock(mutex_);
+  if (activation_started_) {
+    const ConfigResult active = parse_config(active_text_);
+    if (active.ok() && *active.config == *parsed.config) return true;
+    *error = "spillway is already active (configured with \"" + active_text_ +
+             "\"); the configuration is read once, before the first allocation";
+    return false;
+  }
+  configured_text_ = std::string(conf);
+  return true;
+}
+
+CachingAllocator* Runtime::activate(std::string* error) {
+  std::call_once(once_, [this] {
+    bool ok = false;
+    try {
+      ok = build();
+    } catch (const std::exception& e) {
+      activation_error_ = std::string("activation failed: ") + e.what();
+    }
+    if (ok) {
+      allocator_.store(owned_allocator_.get(), std::memory_order_release);
+    } else {
+      // Nothing half-built stays around.
+      owned_allocator_.reset();
+      recorder_.reset();
+      device_.reset();
+    }
+  });
+  if (CachingAllocator* active = allocator_.load(std::memory_order_acquire)) return active;
+  if (error) *error = activation_error_;
+  return nullptr;
+}
+
+bool Runtime::build() {
+  std::string source;
+  {
+    std::lock_guard lock(mutex_);
+    activation_started_ = true;
+    if (configured_text_) {
+      active_text_ = *configured_text_;
+      source = "spillway_configure";
+    } else {
+      const char* env = std::getenv(kConfEnvironmentVariable);
+      active_text_ = env ? env : "";
+      source = kConfEnvironmentVariable;
+    }
+  }
+  const ConfigResult parsed = parse_config(active_text_);
+  if (!parsed.ok()) {
+    activation_error_ = "spillway is not active: invalid configuration from " + source + ": " +
+                        parsed.error->message;
+    SPILLWAY_LOG(error, "{}", activation_error_);
+    return false;
+  }
+  config_ = *parsed.config;
+  set_log_level(config_.log);
+
+  std::string error;
+  device_ = make_device(config_, &error);
+  if (device_ == nullptr) {
+    activation_error_ = "spillway is not active: " + error;
+    SPILLWAY_LOG(error, "{}", activation_error_);
+    return false;
+  }
+  MemoryInfo memory;
+  if (const Status status = device_->memory_info(&memory); status != Status::ok) {
+    activation_error_ = "spillway is not active: reading the memory size of " + device_->name() +
+                        " failed: " + std::string(to_string(status)) + " " + device_->last_error();
+    SPILLWAY_LOG(error, "{}", activation_error_);
+    return false;
+  }
+  const std::size_t budget = config_.device_budget.resolve(memory.total_bytes);
+
+  if (!config_.trace.empty()) {
+    recorder_ = TraceRecorder::open(
+        config_.trace, trace_metadata(config_, *device_, memory.total_bytes, budget), &error);
+    if (recorder_ == nullptr) {
+      activation_error_ = "spillway is not active: trace:" + config_.trace + ": " + error;
+      SPILLWAY_LOG(error, "{}", activation_error_);
+      return false;
+    }
+  }
+
+  CachingAllocatorOptions options;
+  options.budget_bytes = budget;
+  options.large_slab_bytes = config_.chunk_size;
+  owned_allocator_ = std::make_unique<CachingAllocator>(*device_, options, recorder_.get());
+  SPILLWAY_LOG(info, "active on {}: budget {} bytes, chunk size {} bytes{}{}", device_->name(),
+               budget, config_.chunk_size, config_.trace.empty() ? "" : ", tracing to ",
+               config_.trace);
+  return true;
+}
+
+bool Runtime::flush_trace(std::string* error) {
+  if (active_allocator() == nullptr || recorder_ == nullptr) return true;
+  if (recorder_->flush()) return true;
+  if (error) *error = recorder_->error();
+  return false;
+}
+
+bool Runtime::close_trace(std::string* error) {
+  if (active_allocator() == nullptr || recorder_ == nullptr) return true;
+  if (recorder_->close(device_->now_ns())) return true;
+  if (error) *error = recorder_->error();
+  return false;
+}
+
+}  // namespace spillway

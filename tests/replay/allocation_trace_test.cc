@@ -1,0 +1,134 @@
+// Loading allocation traces: CSV (with and without header, errors by line)
+// and binary trace files (including the ones tools/tracegen writes from the
+// documented format alone).
+#include "tools/replay/allocation_trace.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace spillway {
+namespace {
+
+using Kind = AllocationEvent::Kind;
+
+TEST(replay_Csv, ReadsTheDocumentedColumns) {
+  const auto result = parse_allocation_csv(
+      "action,ptr,size,stream,time_ns\n"
+      "alloc,0x7f00,4096,0,100\n"
+      "# a comment\n"
+      "\n"
+      "free,0x7f00,4096,0,200\r\n"
+      "alloc, 12 , 512 , 0x10 , 300\n",
+      "t.csv");
+  ASSERT_TRUE(result.ok()) << result.error;
+  const auto& events = result.trace.events;
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(events[0].kind, Kind::alloc);
+  EXPECT_EQ(events[0].address, 0x7f00u);
+  EXPECT_EQ(events[0].size, 4096u);
+  EXPECT_EQ(events[0].time_ns, 100u);
+  EXPECT_EQ(events[0].location, 2u);
+  EXPECT_EQ(events[1].kind, Kind::free);
+  EXPECT_EQ(events[1].location, 5u);
+  EXPECT_EQ(events[2].address, 12u);
+  EXPECT_EQ(events[2].stream, 16u);
+  EXPECT_EQ(result.trace.where(events[1]), "line 5");
+}
+
+TEST(replay_Csv, HeaderIsOptionalAndMayReorderColumns) {
+  auto result = parse_allocation_csv("alloc,0x10,100\nfree,0x10\n", "t.csv");
+  ASSERT_TRUE(result.ok()) << result.error;
+  ASSERT_EQ(result.trace.events.size(), 2u);
+  EXPECT_EQ(result.trace.events[1].size, 0u);
+
+  result = parse_allocation_csv("size,action,ptr,extra\n64,alloc,0x20,x\n", "t.csv");
+  ASSERT_TRUE(result.ok()) << result.error;
+  ASSERT_EQ(result.trace.events.size(), 1u);
+  EXPECT_EQ(result.trace.events[0].size, 64u);
+  EXPECT_EQ(result.trace.events[0].address, 0x20u);
+}
+
+TEST(replay_Csv, ErrorsNameTheLine) {
+  struct Case {
+    const char* text;
+    const char* error;
+  };
+  const Case cases[] = {
+      {"alloc,0x1,10\nmalloc,0x2,10\n", "t.csv:2: unknown action 'malloc'"},
+      {"alloc,zz,10\n", "t.csv:1: bad ptr 'zz'"},
+      {"\n\nalloc,0x1\n", "t.csv:3: alloc without a size"},
+      {"alloc,0x1,-5\n", "t.csv:1: bad size '-5'"},
+      {"alloc,0x1,5,s\n", "t.csv:1: bad stream 's'"},
+      {"alloc,0x1,5,0,soon\n", "t.csv:1: bad time_ns 'soon'"},
+      {"action,ptr\n", "t.csv:1: the header has no 'size' column"},
+      {"action,ptr,size,size\n", "t.csv:1: column 'size' appears twice"},
+  };
+  for (const Case& c : cases) {
+    const auto result = parse_allocation_csv(c.text, "t.csv");
+    ASSERT_FALSE(result.ok()) << c.text;
+    EXPECT_NE(result.error.find(c.error), std::string::npos) << result.error;
+  }
+}
+
+TEST(replay_BinaryTrace, EventsKeepTheirOffsetsAndSegmentsGiveTheRecordedPeak) {
+  const std::vector<TraceEvent> events = {
+      {1, TraceEventKind::segment_alloc, 0, 0x1000, 2 << 20},
+      {2, TraceEventKind::alloc, 0, 0x1000, 700},
+      {3, TraceEventKind::segment_alloc, 0, 0x900000, 8 << 20},
+      {4, TraceEventKind::segment_free, 0, 0x900000, 8 << 20},
+      {5, TraceEventKind::oom, 0, 0, 1 << 30},
+      {6, TraceEventKind::free, 0, 0x1000, 700},
+  };
+  const std::string bytes = encode_trace({}, events);
+  const TraceReadResult read = parse_trace(bytes);
+  ASSERT_TRUE(read.ok()) << read.error;
+  const AllocationTrace trace = allocation_trace_from(*read.trace);
+  ASSERT_EQ(trace.events.size(), 2u);
+  EXPECT_EQ(trace.events[0].location, 40u + 40u);
+  EXPECT_EQ(trace.events[1].location, 40u + 5 * 40u);
+  EXPECT_EQ(trace.where(trace.events[1]), "byte offset 240");
+  EXPECT_EQ(trace.recorded_peak_reserved_bytes, (2u << 20) + (8u << 20));
+  EXPECT_EQ(trace.recorded_ooms, 1u);
+}
+
+TEST(replay_BinaryTrace, ReadsTheTraceThatTheGeneratorWroteFromTheSpec) {
+  const auto result = load_allocation_trace(SPILLWAY_TEST_DATA_DIR "/tiny_v1.trace");
+  ASSERT_TRUE(result.ok()) << result.error;
+  EXPECT_EQ(result.trace.format, AllocationTrace::Format::binary);
+  EXPECT_EQ(find_metadata(result.trace.metadata, "writer"), "tools/tracegen/make_traces.py");
+  EXPECT_EQ(result.trace.events.size(), 636u);
+}
+
+TEST(replay_BinaryTrace, TruncatedFileIsRejectedWithTheOffset) {
+  const auto result = load_allocation_trace(SPILLWAY_TEST_DATA_DIR "/truncated_v1.trace");
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(result.error.find("truncated_v1.trace: byte offset 25591: file ends inside the record"),
+            std::string::npos)
+      << result.error;
+}
+
+TEST(replay_Load, ChoosesTheFormatByContentAndReportsBinaryGarbage) {
+  const auto dir = std::filesystem::temp_directory_path();
+  const auto csv = dir / ("spillway_replay_" + std::to_string(::getpid()) + ".trace");
+  std::ofstream(csv) << "alloc,0x1,10\nfree,0x1,10\n";
+  auto result = load_allocation_trace(csv.string());
+  ASSERT_TRUE(result.ok()) << result.error;
+  EXPECT_EQ(result.trace.format, AllocationTrace::Format::csv);
+
+  std::ofstream(csv, std::ios::binary) << std::string("ELF\0\0\x01", 6);
+  result = load_allocation_trace(csv.string());
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(result.error.find("byte offset 3: not a spillway trace"), std::string::npos)
+      << result.error;
+  std::filesystem::remove(csv);
+
+  result = load_allocation_trace("/nonexistent/x.csv");
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(result.error.find("/nonexistent/x.csv: cannot open"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace spillway
