@@ -138,7 +138,9 @@ std::string format_budget(const ByteBudget& budget) {
 
 std::string_view format_bool(bool value) { return value ? "true" : "false"; }
 
-constexpr std::uint64_t kMinChunkSize = std::uint64_t{4} << 10;  // one host page
+// A chunk must be more than the allocator's small-request limit (1 MiB), so
+// that its device copy is one whole large-pool slab that a spill returns.
+constexpr std::uint64_t kMinChunkSize = std::uint64_t{2} << 20;
 constexpr std::uint64_t kMaxChunkSize = std::uint64_t{1} << 40;
 constexpr int kMaxWarmupSteps = 1000;
 
@@ -178,7 +180,7 @@ const std::array<OptionRow, 13> kOptionRows{{
      },
      [](const Config& config) { return format_budget(config.host_budget); }},
 
-    {{"chunk_size", "64MB", "a size from 4KiB to 1TiB such as 64MB " SPILLWAY_SIZE_UNITS,
+    {{"chunk_size", "64MB", "a size from 2MiB to 1TiB such as 64MB " SPILLWAY_SIZE_UNITS,
       "capacity of one chunk, the unit of placement and movement"},
      [](std::string_view value, Config& config) {
        auto bytes = parse_size(value);

@@ -9,6 +9,7 @@
 #include <exception>
 
 #include "allocator/log.h"
+#include "allocator/lru_policy.h"
 #include "allocator/make_device.h"
 
 namespace spillway {
@@ -37,12 +38,28 @@ TraceMetadata trace_metadata(const Config& config, Device& device, std::size_t t
   };
 }
 
+// The planned policy needs the tracer's plan; until a plan exists it evicts
+// least recently used first, which is also what it falls back to when a run
+// departs from its trace.
+std::unique_ptr<EvictionPolicy> make_eviction_policy(EvictionPolicyKind kind) {
+  switch (kind) {
+    case EvictionPolicyKind::static_residency:
+      return std::make_unique<NoEvictionPolicy>();
+    case EvictionPolicyKind::planned:
+    case EvictionPolicyKind::lru:
+      return std::make_unique<LruPolicy>();
+  }
+  return std::make_unique<LruPolicy>();
+}
+
 }  // namespace
 
 Runtime::~Runtime() {
-  // The allocator first: returning its slabs may still trace. Then the trace
-  // file is completed, and the device goes last (a member, declared first).
+  // The chunk manager gives its chunks back to the allocator; the allocator
+  // returns its slabs, which may still trace. Then the trace file is
+  // completed, and the device goes last (a member, declared first).
   allocator_.store(nullptr, std::memory_order_release);
+  chunk_manager_.reset();
   owned_allocator_.reset();
   if (recorder_ != nullptr) recorder_->close(device_->now_ns());
 }
@@ -155,10 +172,19 @@ bool Runtime::build() {
   options.budget_bytes = budget;
   options.large_slab_bytes = config_.chunk_size;
   owned_allocator_ = std::make_unique<CachingAllocator>(*device_, options, recorder_.get());
+  chunk_manager_ = std::make_unique<ChunkManager>(*device_, *owned_allocator_,
+                                                  ChunkManagerOptions::from_config(config_),
+                                                  make_eviction_policy(config_.policy));
   SPILLWAY_LOG(info, "active on {}: budget {} bytes, chunk size {} bytes{}{}", device_->name(),
                budget, config_.chunk_size, config_.trace.empty() ? "" : ", tracing to ",
                config_.trace);
   return true;
+}
+
+Stats Runtime::stats() const {
+  Stats stats = owned_allocator_->stats();
+  chunk_manager_->stats().add_to(&stats);
+  return stats;
 }
 
 bool Runtime::flush_trace(std::string* error) {

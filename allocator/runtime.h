@@ -1,6 +1,6 @@
 // Runtime: the objects one spillway activation wires together (device,
-// caching allocator, trace recorder; later the chunk manager), built once from
-// a configuration.
+// caching allocator, chunk manager, trace recorder), built once from a
+// configuration.
 //
 // Design summary:
 //  - Core classes take collaborators as constructor arguments; only the C
@@ -28,6 +28,7 @@
 #include <string_view>
 
 #include "allocator/caching_allocator.h"
+#include "allocator/chunk_manager.h"
 #include "allocator/config.h"
 #include "allocator/device/device.h"
 #include "tracer/trace_recorder.h"
@@ -67,6 +68,10 @@ class Runtime {
   Device& device() const { return *device_; }
   // The device ordinal the runtime manages (see spillway.h).
   int device_ordinal() const { return 0; }
+  // The process's one chunk manager, the allocator's pressure handler.
+  ChunkManager& chunk_manager() const { return *chunk_manager_; }
+  // Allocator and chunk-manager figures together, under the contract keys.
+  Stats stats() const;
   // Null unless the `trace` option is set.
   TraceRecorder* trace_recorder() const { return recorder_.get(); }
 
@@ -94,6 +99,7 @@ class Runtime {
   std::unique_ptr<Device> device_;
   std::unique_ptr<TraceRecorder> recorder_;
   std::unique_ptr<CachingAllocator> owned_allocator_;
+  std::unique_ptr<ChunkManager> chunk_manager_;  // after the allocator it draws on
   std::atomic<CachingAllocator*> allocator_{nullptr};
 };
 

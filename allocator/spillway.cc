@@ -172,7 +172,7 @@ size_t spillway_stats_json(char* buffer, size_t size) {
     if (buffer != nullptr && size > 0) buffer[0] = '\0';
     CachingAllocator* allocator = allocator_for("spillway_stats_json");
     if (allocator == nullptr) return 0;
-    const std::string json = allocator->stats().to_json();
+    const std::string json = Runtime::process().stats().to_json();
     if (buffer != nullptr && size > 0) {
       const std::size_t copied = json.size() < size ? json.size() : size - 1;
       std::memcpy(buffer, json.data(), copied);

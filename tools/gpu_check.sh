@@ -239,12 +239,18 @@ step_gpu_tests() {
 }
 
 step_gpu_bench() {
-  local program="$build/bin/bench_device"
-  [[ -x "$program" ]] || program="$(find "$build" -type f -name bench_device -perm -u+x | head -n 1)"
-  [[ -n "$program" ]] || { echo "gpu_check: bench_device was not built"; return 1; }
   local device=cuda
   ((have_gpu)) || device=auto
-  timed "$program" --device="$device" 2>&1 | tee "$work/bench.txt"
+  local name program rc=0
+  : >"$work/bench.txt"
+  # bench_device: raw copies and events; bench_chunk: chunk moves against them.
+  for name in bench_device bench_chunk; do
+    program="$build/bin/$name"
+    [[ -x "$program" ]] || { echo "gpu_check: $name was not built"; rc=1; continue; }
+    timed "$program" --device="$device" 2>&1 | tee -a "$work/bench.txt"
+    ((PIPESTATUS[0] == 0)) || rc=1
+  done
+  return "$rc"
 }
 
 # ---------------------------------------------------------------- the runner

@@ -35,9 +35,9 @@ case "$check_case" in
     expect_in "$stderr" "KiB"
     ;;
   good_config)
-    run SPILLWAY_CONF=" chunk_size : 1MiB , policy:LRU" "$binary"
+    run SPILLWAY_CONF=" chunk_size : 2MiB , policy:LRU" "$binary"
     expect_status 0
-    expect_in "$stdout" "chunk_size: 1048576B"
+    expect_in "$stdout" "chunk_size: 2097152B"
     expect_in "$stdout" "policy: lru"
     expect_in "$stdout" "(set)"
     expect_in "$stdout" "device: auto"

@@ -244,7 +244,8 @@ class ConfigFuzz : public ::testing::Test {
     config.device = static_cast<DeviceChoice>(below(3));
     config.device_budget = random_budget();
     config.host_budget = random_budget();
-    config.chunk_size = 4096 + below((std::size_t{1} << 40) - 4096 + 1);
+    config.chunk_size =
+        (std::size_t{2} << 20) + below((std::size_t{1} << 40) - (std::size_t{2} << 20) + 1);
     config.policy = static_cast<EvictionPolicyKind>(below(3));
     config.warmup_steps = static_cast<int>(below(1001));
     config.prefetch = chance(0.5);

@@ -165,8 +165,8 @@ INSTANTIATE_TEST_SUITE_P(
                 [](const Config& c) {
                   return c.host_budget == ByteBudget{0, 0.75};
                 }},
-        KeyCase{"chunk_size:1MiB", [](const Config& c) { return c.chunk_size == 1u << 20; }},
-        KeyCase{"chunk_size:4KiB", [](const Config& c) { return c.chunk_size == 4096; }},
+        KeyCase{"chunk_size:2MiB", [](const Config& c) { return c.chunk_size == 2u << 20; }},
+        KeyCase{"chunk_size:3MB", [](const Config& c) { return c.chunk_size == 3000000; }},
         KeyCase{"chunk_size:1TiB", [](const Config& c) { return c.chunk_size == 1ull << 40; }},
         KeyCase{"policy:lru", [](const Config& c) { return c.policy == EvictionPolicyKind::lru; }},
         KeyCase{"policy:Static",
@@ -267,7 +267,7 @@ TEST(ConfigErrors, UnknownKeyListsTheKnownKeys) {
 }
 
 TEST(ConfigErrors, UnknownKeyAfterGoodOnes) {
-  ConfigError error = parse_error("log:info, chunk_size:1MB, nope : x");
+  ConfigError error = parse_error("log:info, chunk_size:4MB, nope : x");
   EXPECT_EQ(error.key, "nope");
   EXPECT_EQ(error.value, "x");
 }
@@ -306,7 +306,7 @@ TEST(ConfigErrors, BadValueSentenceNamesKeyValueAndForm) {
   EXPECT_EQ(error.key, "chunk_size");
   EXPECT_EQ(error.value, "abc");
   EXPECT_EQ(error.message,
-            "SPILLWAY_CONF: bad value 'abc' for 'chunk_size': expected a size from 4KiB to 1TiB "
+            "SPILLWAY_CONF: bad value 'abc' for 'chunk_size': expected a size from 2MiB to 1TiB "
             "such as 64MB (units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)");
 }
 
@@ -317,7 +317,8 @@ TEST(ConfigErrors, EveryKeyRejectsBadValues) {
       {"device", {"", "gpu", "cuda0", "autos"}},
       {"device_budget", {"", "1.5", "0.0", "-0.5", "2x", "nan", "inf", "1e3", "-1GB", "0x10"}},
       {"host_budget", {"", "abc", "1.0001", "-1", "50%"}},
-      {"chunk_size", {"", "4095", "4095B", "1TiB1", "1.1TiB", "-64MB", "64 M B", "64MBs", "1e6"}},
+      {"chunk_size",
+       {"", "4096", "1MiB", "2097151B", "1TiB1", "1.1TiB", "-64MB", "64 M B", "64MBs", "1e6"}},
       {"policy", {"", "fifo", "plan"}},
       {"warmup_steps", {"", "-1", "+1", "1001", "1.0", "99999999999999999999", "one", "1 0"}},
       {"prefetch", {"", "maybe"}},
@@ -358,7 +359,7 @@ TEST(ConfigFormat, RoundTripsExactly) {
   config.device = DeviceChoice::cuda;
   config.device_budget = {0, 0.1 + 0.2};        // not a short decimal: needs every digit
   config.host_budget = {(1ull << 62) + 1, {}};  // beyond double's 53 bits
-  config.chunk_size = 4097;
+  config.chunk_size = (2u << 20) + 1;
   config.policy = EvictionPolicyKind::lru;
   config.warmup_steps = 999;
   config.prefetch = false;

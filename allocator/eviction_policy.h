@@ -1,0 +1,63 @@
+// EvictionPolicy: which resident chunk leaves the device when room is needed.
+//
+// The chunk manager decides *whether* to evict (a fetch needs room, the
+// allocator is under pressure) and which chunks *may* go (resident, nobody
+// computing on them); the policy only picks among those. It is told what
+// it needs to rank them: every access, and chunks arriving on and leaving
+// the device. That fits LRU (lru_policy.h) and the planned policy of design
+// section 5, which replays the traced access sequence and evicts the chunk
+// whose next use is farthest (Belady).
+//
+// All calls come with the chunk manager's lock held, one at a time, so a
+// policy needs no locking of its own; it must not call the manager.
+#pragma once
+
+#include <optional>
+#include <string_view>
+
+#include "allocator/chunk_types.h"
+
+namespace spillway {
+
+// The chunk manager's view of which chunks may be evicted right now.
+class EvictionCandidates {
+ public:
+  // True for a chunk resident on the device that no caller is using.
+  virtual bool evictable(ChunkId chunk) const = 0;
+
+ protected:
+  ~EvictionCandidates() = default;
+};
+
+class EvictionPolicy {
+ public:
+  virtual ~EvictionPolicy() = default;
+
+  virtual std::string_view name() const = 0;
+
+  // A chunk was acquired (on the device or the host). Prefetches are not
+  // accesses.
+  virtual void on_access(ChunkId chunk) = 0;
+  // A chunk got a device copy (fetched or prefetched).
+  virtual void on_resident(ChunkId chunk) = 0;
+  // A chunk's device copy went away (evicted, discarded, removed).
+  virtual void on_evicted(ChunkId chunk) = 0;
+  // A chunk no longer exists (its client was removed, or it was re-laid).
+  virtual void on_removed(ChunkId chunk) { on_evicted(chunk); }
+
+  // The chunk to evict among the resident ones `candidates` accepts, or
+  // nullopt when none is acceptable (or the policy never evicts).
+  virtual std::optional<ChunkId> choose_victim(const EvictionCandidates& candidates) = 0;
+};
+
+// Never evicts: the `static` policy, where going over budget is an error.
+class NoEvictionPolicy final : public EvictionPolicy {
+ public:
+  std::string_view name() const override { return "static"; }
+  void on_access(ChunkId) override {}
+  void on_resident(ChunkId) override {}
+  void on_evicted(ChunkId) override {}
+  std::optional<ChunkId> choose_victim(const EvictionCandidates&) override { return std::nullopt; }
+};
+
+}  // namespace spillway
