@@ -37,6 +37,7 @@
 #include "allocator/caching_allocator.h"
 #include "allocator/chunk_manager.h"
 #include "allocator/device/sim_device.h"
+#include "bench/common/device_options.h"
 #include "bench/common/metric_reporter.h"
 #if SPILLWAY_HAVE_CUDA
 #include "allocator/device/cuda_device.h"
@@ -48,12 +49,7 @@ namespace {
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 
 struct Options {
-  bool run_sim = true;
-  bool run_cuda = true;
-  bool cuda_required = false;
-  // Below host memcpy speed, as in bench_device, so the figure measures the
-  // chunk manager's pacing, not the machine's memcpy.
-  double sim_bandwidth_gbps = 2;
+  DeviceOptions device;
   // The default chunk_size.
   std::size_t chunk_bytes = 64 * kMiB;
   // Long enough that a PCIe/C2C copy lasts milliseconds, past launch costs.
@@ -68,7 +64,7 @@ Options& options() {
 std::unique_ptr<Device> make_sim_device(std::size_t capacity_bytes) {
   SimDeviceOptions sim;
   sim.capacity_bytes = capacity_bytes;
-  sim.bandwidth_bytes_per_s = options().sim_bandwidth_gbps * 1e9;
+  sim.bandwidth_bytes_per_s = options().device.sim_bandwidth_gbps * 1e9;
   sim.poison_byte = -1;
   return std::make_unique<SimDevice>(sim);
 }
@@ -136,7 +132,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-double modelled_bandwidth() { return options().sim_bandwidth_gbps * 1e9; }
+double modelled_bandwidth() { return options().device.sim_bandwidth_gbps * 1e9; }
 
 // The fetch figure, for chunk_move_vs_modelled_bw (benchmarks run in order).
 double g_fetch_ratio = 0;
@@ -351,49 +347,24 @@ bool register_cuda() {
   const std::string reason = "spillway was built without the CUDA backend";
 #endif
   report_note("cuda: skipped (" + reason + ")");
-  return !options().cuda_required;
+  return !options().device.cuda_required;
 }
 
-bool parse_options(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    auto value_of = [&](std::string_view flag) -> const char* {
-      return arg.substr(0, flag.size()) == flag ? argv[i] + flag.size() : nullptr;
-    };
-    if (const char* device = value_of("--device=")) {
-      const std::string_view choice = device;
-      if (choice != "auto" && choice != "sim" && choice != "cuda") {
-        std::cerr << "bench_chunk: --device must be auto, sim or cuda, not '" << choice << "'\n";
-        return false;
-      }
-      options().run_sim = choice != "cuda";
-      options().run_cuda = choice != "sim";
-      options().cuda_required = choice == "cuda";
-    } else if (const char* mib = value_of("--cuda_chunk_mib=")) {
-      options().cuda_chunk_bytes = std::strtoull(mib, nullptr, 10) * kMiB;
-      if (options().cuda_chunk_bytes < 2 * kMiB) {
-        std::cerr << "bench_chunk: --cuda_chunk_mib must be at least 2\n";
-        return false;
-      }
-    } else if (const char* gbps = value_of("--sim_bandwidth_gbps=")) {
-      options().sim_bandwidth_gbps = std::strtod(gbps, nullptr);
-      if (!(options().sim_bandwidth_gbps > 0)) {
-        std::cerr << "bench_chunk: --sim_bandwidth_gbps must be > 0\n";
-        return false;
-      }
-    } else if (const char* mib = value_of("--chunk_mib=")) {
-      options().chunk_bytes = std::strtoull(mib, nullptr, 10) * kMiB;
-      if (options().chunk_bytes < 2 * kMiB) {
-        std::cerr << "bench_chunk: --chunk_mib must be at least 2\n";
-        return false;
-      }
-    } else {
-      std::cerr << "usage: bench_chunk [--device=auto|sim|cuda] [--sim_bandwidth_gbps=X] "
-                   "[--chunk_mib=N] [--cuda_chunk_mib=N] [--benchmark_* flags]\n";
-      return false;
-    }
-  }
-  return true;
+// Returns -1 to run, else the exit code.
+int parse_options(int argc, char** argv) {
+  CLI::App app{"bench_chunk: what the chunk manager's moves and accesses cost, as metric lines"};
+  add_device_options(app, &options().device);
+  int chunk_mib = static_cast<int>(options().chunk_bytes / kMiB);
+  int cuda_chunk_mib = static_cast<int>(options().cuda_chunk_bytes / kMiB);
+  // At least 2 MiB, as chunk_size: a chunk is one whole large-pool slab.
+  app.add_option("--chunk_mib", chunk_mib, "SimDevice chunk size in MiB")
+      ->check(CLI::Range(2, 4096));
+  app.add_option("--cuda_chunk_mib", cuda_chunk_mib, "CUDA chunk size in MiB")
+      ->check(CLI::Range(2, 65536));
+  const int exit_code = parse_command_line(app, argc, argv);
+  options().chunk_bytes = static_cast<std::size_t>(chunk_mib) * kMiB;
+  options().cuda_chunk_bytes = static_cast<std::size_t>(cuda_chunk_mib) * kMiB;
+  return exit_code;
 }
 
 }  // namespace
@@ -401,9 +372,11 @@ bool parse_options(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   spillway::bench::initialize(&argc, argv);
-  if (!spillway::bench::parse_options(argc, argv)) return 2;
-  if (spillway::bench::options().run_sim) spillway::bench::register_sim();
-  if (spillway::bench::options().run_cuda && !spillway::bench::register_cuda()) {
+  if (const int exit_code = spillway::bench::parse_options(argc, argv); exit_code >= 0) {
+    return exit_code;
+  }
+  if (spillway::bench::options().device.run_sim) spillway::bench::register_sim();
+  if (spillway::bench::options().device.run_cuda && !spillway::bench::register_cuda()) {
     spillway::bench::report_failure("--device=cuda asked for a GPU, and none is usable");
   }
   return spillway::bench::run_and_report();

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "allocator/device/sim_device.h"
+#include "bench/common/device_options.h"
 #include "bench/common/metric_reporter.h"
 #include "bench/device/device_benchmarks.h"
 #if SPILLWAY_HAVE_CUDA
@@ -33,60 +34,26 @@ namespace {
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 
 struct Options {
-  bool run_sim = true;
-  bool run_cuda = false;
-  bool cuda_required = false;
-  // Below host memcpy speed on any machine we run on (3.5 GB/s and up for
-  // 64 MiB here), so the ratio measures the simulation's pacing; a modelled
-  // bandwidth above memcpy speed cannot be delivered (docs/benchmarks.md).
-  double sim_bandwidth_gbps = 2;
+  DeviceOptions device;
   std::size_t sim_copy_bytes = 64 * kMiB;
   // Large enough that a PCIe/C2C copy lasts milliseconds, past launch costs.
   std::size_t cuda_copy_bytes = 256 * kMiB;
 };
 
-void print_usage() {
-  std::cout << "usage: bench_device [--device=auto|sim|cuda|all] [--sim_bandwidth_gbps=X]\n"
-               "                    [--sim_copy_mib=N] [--cuda_copy_mib=N] [--benchmark_* flags]\n";
-}
-
-bool parse_options(int argc, char** argv, Options* options) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    auto value_of = [&](std::string_view flag) -> const char* {
-      return arg.substr(0, flag.size()) == flag ? argv[i] + flag.size() : nullptr;
-    };
-    if (const char* device = value_of("--device=")) {
-      const std::string_view choice = device;
-      options->run_sim = choice == "auto" || choice == "sim" || choice == "all";
-      options->run_cuda = choice == "auto" || choice == "cuda" || choice == "all";
-      options->cuda_required = choice == "cuda" || choice == "all";
-      if (!options->run_sim && !options->run_cuda) {
-        std::cerr << "bench_device: --device must be auto, sim, cuda or all, not '" << choice
-                  << "'\n";
-        return false;
-      }
-    } else if (const char* gbps = value_of("--sim_bandwidth_gbps=")) {
-      options->sim_bandwidth_gbps = std::strtod(gbps, nullptr);
-      if (!(options->sim_bandwidth_gbps > 0)) {
-        std::cerr << "bench_device: --sim_bandwidth_gbps must be > 0\n";
-        return false;
-      }
-    } else if (const char* mib = value_of("--sim_copy_mib=")) {
-      options->sim_copy_bytes = std::strtoull(mib, nullptr, 10) * kMiB;
-    } else if (const char* mib = value_of("--cuda_copy_mib=")) {
-      options->cuda_copy_bytes = std::strtoull(mib, nullptr, 10) * kMiB;
-    } else {
-      if (arg != "--help" && arg != "-h") std::cerr << "bench_device: unknown flag " << arg << "\n";
-      print_usage();
-      return false;
-    }
-  }
-  if (options->sim_copy_bytes == 0 || options->cuda_copy_bytes == 0) {
-    std::cerr << "bench_device: copy sizes must be at least 1 MiB\n";
-    return false;
-  }
-  return true;
+// Returns -1 to run, else the exit code.
+int parse_options(int argc, char** argv, Options* options) {
+  CLI::App app{"bench_device: what the device seam's operations cost, as metric lines"};
+  add_device_options(app, &options->device);
+  int sim_copy_mib = static_cast<int>(options->sim_copy_bytes / kMiB);
+  int cuda_copy_mib = static_cast<int>(options->cuda_copy_bytes / kMiB);
+  app.add_option("--sim_copy_mib", sim_copy_mib, "bytes per SimDevice copy, in MiB")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--cuda_copy_mib", cuda_copy_mib, "bytes per CUDA copy, in MiB")
+      ->check(CLI::Range(1, 65536));
+  const int exit_code = parse_command_line(app, argc, argv);
+  options->sim_copy_bytes = static_cast<std::size_t>(sim_copy_mib) * kMiB;
+  options->cuda_copy_bytes = static_cast<std::size_t>(cuda_copy_mib) * kMiB;
+  return exit_code;
 }
 
 // Everything the registered benchmarks point at; it outlives them.
@@ -133,7 +100,7 @@ void register_event(const std::string& name, DeviceFixture* fixture, bool cross_
 }
 
 void register_sim(const Options& options, BenchmarkState& owned) {
-  const double modelled_bytes_per_s = options.sim_bandwidth_gbps * 1e9;
+  const double modelled_bytes_per_s = options.device.sim_bandwidth_gbps * 1e9;
   SimDeviceOptions modelled;
   modelled.capacity_bytes = 2 * options.sim_copy_bytes + 64 * kMiB;
   modelled.bandwidth_bytes_per_s = modelled_bytes_per_s;
@@ -143,7 +110,7 @@ void register_sim(const Options& options, BenchmarkState& owned) {
   if (DeviceFixture* fixture =
           owned.add(std::make_unique<SimDevice>(modelled), options.sim_copy_bytes)) {
     char bandwidth[32];
-    std::snprintf(bandwidth, sizeof bandwidth, "%g", options.sim_bandwidth_gbps);
+    std::snprintf(bandwidth, sizeof bandwidth, "%g", options.device.sim_bandwidth_gbps);
     report_note("sim: " + fixture->device().name() + ", modelled bandwidth " + bandwidth +
                 " GB/s, " + std::to_string(options.sim_copy_bytes / kMiB) + " MiB per copy");
     register_copy("sim/copy_h2d_modelled", fixture,
@@ -174,7 +141,7 @@ bool register_cuda(const Options& options, BenchmarkState& owned) {
 #endif
   if (device == nullptr) {
     report_note("cuda: skipped (" + reason + ")");
-    return !options.cuda_required;
+    return !options.device.cuda_required;
   }
   report_note("cuda: " + device->name() + ", " + std::to_string(options.cuda_copy_bytes / kMiB) +
               " MiB per copy, pinned host memory");
@@ -198,11 +165,11 @@ int main(int argc, char** argv) {
   using namespace spillway::bench;
   initialize(&argc, argv);
   Options options;
-  if (!parse_options(argc, argv, &options)) return 2;
+  if (const int exit_code = parse_options(argc, argv, &options); exit_code >= 0) return exit_code;
 
   BenchmarkState owned;
-  if (options.run_sim) register_sim(options, owned);
-  if (options.run_cuda && !register_cuda(options, owned)) {
+  if (options.device.run_sim) register_sim(options, owned);
+  if (options.device.run_cuda && !register_cuda(options, owned)) {
     report_failure("--device asked for cuda, and no GPU is usable");
   }
   return run_and_report();
