@@ -5,8 +5,9 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$root/tools/install-deps.sh"
 build=${SPILLWAY_BUILD_DIR:-$root/build}
-cmake -S "$root" -B "$build" -G Ninja >"$build.configure.log" 2>&1 || { cat "$build.configure.log"; exit 1; }
-grep '^-- spillway:' "$build.configure.log" || true
+mkdir -p "$build"
+cmake -S "$root" -B "$build" -G Ninja >"$build/configure.log" 2>&1 || { cat "$build/configure.log"; exit 1; }
+grep '^-- spillway:' "$build/configure.log" || true
 cmake --build "$build" -j"$(nproc)" --target spillway-demo
 # A modest simulated GPU, its copies modelled at 2 GB/s (below this machine's
 # memcpy speed, so the model, not memcpy, sets the pace), unless the caller says otherwise.

@@ -20,8 +20,9 @@ cmake_args=(-S "$root" -B "$build" -G Ninja -DSPILLWAY_SANITIZER="$sanitizer")
 if [[ -n $sanitizer ]]; then
   cmake_args+=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPILLWAY_BUILD_BENCHMARKS=OFF)
 fi
-cmake "${cmake_args[@]}" >"$build.configure.log" 2>&1 || { cat "$build.configure.log"; exit 1; }
-grep '^-- spillway:' "$build.configure.log" || true
+mkdir -p "$build"
+cmake "${cmake_args[@]}" >"$build/configure.log" 2>&1 || { cat "$build/configure.log"; exit 1; }
+grep '^-- spillway:' "$build/configure.log" || true
 cmake --build "$build" -j"$jobs"
 
 if [[ $sanitizer == address ]]; then
@@ -39,7 +40,7 @@ set -e
 
 echo
 echo "spillway: sanitizer: ${sanitizer:-none}"
-grep '^-- spillway: CUDA backend' "$build.configure.log" | sed 's/^-- //' || true
+grep '^-- spillway: CUDA backend' "$build/configure.log" | sed 's/^-- //' || true
 skipped=$(grep -E '^[[:space:]]+[0-9]+ - .*\(Skipped\)$' "$log" | sed -E 's/^[[:space:]]*[0-9]+ - //; s/[[:space:]]+#.*//; s/ \(Skipped\)//' | sort -u || true)
 if [[ -n $skipped ]]; then
   echo "spillway: skipped tests (no usable GPU here):"
