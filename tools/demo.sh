@@ -11,5 +11,5 @@ grep '^-- spillway:' "$build/configure.log" || true
 cmake --build "$build" -j"$(nproc)" --target spillway-demo
 # A modest simulated GPU, its copies modelled at 2 GB/s (below this machine's
 # memcpy speed, so the model, not memcpy, sets the pace), unless the caller says otherwise.
-export SPILLWAY_CONF=${SPILLWAY_CONF:-device:auto,sim_capacity:2GB,sim_bandwidth:2GB/s,log:info}
+export SPILLWAY_CONF=${SPILLWAY_CONF:-device:auto,device_budget:96MiB,chunk_size:16MiB,sim_capacity:2GB,sim_bandwidth:2GB/s,log:info}
 exec "$build/bin/spillway-demo" "$@"

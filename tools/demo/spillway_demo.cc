@@ -1,9 +1,14 @@
-// spillway-demo: what the foundation can do today, end to end.
+// spillway-demo: the whole stack below the LibTorch bridge, end to end.
 //
-// Reads SPILLWAY_CONF, picks the device it names (the simulated GPU where no
-// GPU is usable), then moves a set of "chunks" host -> device -> host through
-// two streams ordered by events, the way the chunk manager will, checks every
-// byte came back, and prints the copy speed beside the modelled one. The
+// Activates spillway from SPILLWAY_CONF (the simulated GPU where no GPU is
+// usable), registers the "parameters" of a layered model whose model data is
+// several times the device budget with the process-wide chunk manager, and
+// runs training-like steps: forward through the layers (acquire a layer's
+// parameters, allocate its activation), backward in reverse (acquire again,
+// update the parameters in place, free the activation). Activations and chunks
+// share the one budget, so chunks spill to host memory and come back every
+// step. At the end every parameter is checked against a host-side copy that
+// received the same updates, and the spill statistics are printed. The
 // training demo replaces this once the LibTorch bridge exists.
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
@@ -12,94 +17,143 @@
 #include <random>
 #include <vector>
 
-#include "allocator/config.h"
-#include "allocator/log.h"
-#include "allocator/make_device.h"
+#include "allocator/runtime.h"
 
 namespace spillway {
 namespace {
 
 struct DemoOptions {
-  int chunks = 8;
-  std::size_t chunk_bytes = std::size_t{16} << 20;
-  int rounds = 4;
+  int layers = 24;
+  int steps = 3;
+  std::size_t layer_param_bytes = std::size_t{16} << 20;
+  std::size_t activation_bytes = std::size_t{2} << 20;
 };
 
-bool check(Device& device, Status status, const char* what) {
+struct Layer {
+  TensorId params;
+  std::vector<std::uint32_t> expected;  // what the parameters must hold
+};
+
+bool check(Status status, const char* what, const std::string& detail) {
   if (status == Status::ok) return true;
-  fmt::print(stderr, "spillway-demo: {} failed: {} ({})\n", what, to_string(status),
-             device.last_error());
+  fmt::print(stderr, "spillway-demo: {} failed: {} ({})\n", what, to_string(status), detail);
   return false;
 }
 
-int run_demo(const Config& config, const DemoOptions& demo) {
-  std::string error;
-  std::unique_ptr<Device> device = make_device(config, &error);
-  if (!device) {
-    fmt::print(stderr, "spillway-demo: {}\n", error);
-    return 1;
+// The "kernel" of a backward step: every parameter word += step + layer,
+// applied to the chunk's device bytes through a host staging copy, and to the
+// expected copy on the host.
+bool update_layer(Runtime& runtime, Layer& layer, int step, int index, std::size_t bytes) {
+  ChunkManager& chunks = runtime.chunk_manager();
+  Device& device = runtime.device();
+  void* data = nullptr;
+  if (!check(chunks.acquire(layer.params, Stream{}, &data, AccessMode::read_write, WaitMode::host),
+             "acquire", ChunkManager::last_error())) {
+    return false;
   }
-  MemoryInfo memory;
-  if (!check(*device, device->memory_info(&memory), "memory_info")) return 1;
-  fmt::print("device: {}, {:.2f} of {:.2f} GiB free\n", device->name(),
-             memory.free_bytes / double(1 << 30), memory.total_bytes / double(1 << 30));
+  std::vector<std::uint32_t> staging(bytes / 4);
+  bool ok = check(device.copy_async(staging.data(), data, bytes, Stream{}), "copy", "") &&
+            check(device.synchronize_stream(Stream{}), "synchronize", "");
+  for (std::size_t i = 0; i < staging.size(); ++i) {
+    staging[i] += static_cast<std::uint32_t>(step + index);
+    layer.expected[i] += static_cast<std::uint32_t>(step + index);
+  }
+  ok = ok && check(device.copy_async(data, staging.data(), bytes, Stream{}), "copy", "") &&
+       check(device.synchronize_stream(Stream{}), "synchronize", "");
+  return check(chunks.release(layer.params, Stream{}), "release", ChunkManager::last_error()) && ok;
+}
 
-  // Host copies of the chunks (pinned) and one device slot per chunk.
-  const std::size_t bytes = demo.chunk_bytes;
-  std::vector<void*> host(demo.chunks), back(demo.chunks), slots(demo.chunks);
-  std::mt19937_64 rng(42);
-  for (int i = 0; i < demo.chunks; ++i) {
-    if (!check(*device, device->host_malloc(&host[i], bytes), "host_malloc") ||
-        !check(*device, device->host_malloc(&back[i], bytes), "host_malloc") ||
-        !check(*device, device->malloc(&slots[i], bytes), "malloc")) {
+int run_demo(const DemoOptions& demo) {
+  Runtime& runtime = Runtime::process();
+  std::string error;
+  CachingAllocator* allocator = runtime.allocator(&error);
+  if (allocator == nullptr) {
+    fmt::print(stderr, "spillway-demo: {}\n", error);
+    return 2;
+  }
+  ChunkManager& chunks = runtime.chunk_manager();
+  const std::size_t budget = allocator->budget_bytes();
+  const std::size_t model_bytes = demo.layers * demo.layer_param_bytes;
+  fmt::print("device: {}\n", runtime.device().name());
+  fmt::print(
+      "device budget {:.1f} MiB, model data {:.1f} MiB ({:.1f}x the budget), chunk {:.1f} MiB\n",
+      budget / 1048576.0, model_bytes / 1048576.0, double(model_bytes) / budget,
+      runtime.config().chunk_size / 1048576.0);
+
+  const ClientId model = chunks.add_client("demo-model");
+  std::vector<Layer> layers(demo.layers);
+  std::mt19937 rng(1);
+  for (int i = 0; i < demo.layers; ++i) {
+    TensorSpec spec{TensorKind::param, 0, 4, demo.layer_param_bytes / 4, fmt::format("layer{}", i)};
+    if (!check(chunks.register_tensor(model, spec, &layers[i].params), "register_tensor",
+               ChunkManager::last_error())) {
       return 1;
     }
-    auto* words = static_cast<std::uint64_t*>(host[i]);
-    for (std::size_t w = 0; w < bytes / 8; ++w) words[w] = rng();
+    layers[i].expected.resize(demo.layer_param_bytes / 4);
+    for (auto& word : layers[i].expected) word = rng();
+    void* data = nullptr;
+    if (!check(chunks.acquire(layers[i].params, Stream{}, &data, AccessMode::read_write,
+                              WaitMode::host),
+               "acquire", ChunkManager::last_error()) ||
+        !check(runtime.device().copy_async(data, layers[i].expected.data(), demo.layer_param_bytes,
+                                           Stream{}),
+               "copy", "") ||
+        !check(runtime.device().synchronize_stream(Stream{}), "synchronize", "") ||
+        !check(chunks.release(layers[i].params, Stream{}), "release", ChunkManager::last_error())) {
+      return 1;
+    }
   }
 
-  Stream upload, download;
-  Event uploaded;
-  if (!check(*device, device->create_stream(&upload), "create_stream") ||
-      !check(*device, device->create_stream(&download), "create_stream") ||
-      !check(*device, device->create_event(&uploaded), "create_event")) {
-    return 1;
-  }
-  const std::uint64_t start = device->now_ns();
-  for (int round = 0; round < demo.rounds; ++round) {
-    for (int i = 0; i < demo.chunks; ++i) {
-      // Fetch on one stream, write back on the other once the fetch is done.
-      if (!check(*device, device->copy_async(slots[i], host[i], bytes, upload), "copy h2d") ||
-          !check(*device, device->record_event(uploaded, upload), "record_event") ||
-          !check(*device, device->wait_event(download, uploaded), "wait_event") ||
-          !check(*device, device->copy_async(back[i], slots[i], bytes, download), "copy d2h")) {
+  for (int step = 0; step < demo.steps; ++step) {
+    const std::uint64_t start = runtime.device().now_ns();
+    const Stats before = runtime.stats();
+    std::vector<void*> activations(demo.layers, nullptr);
+    for (int i = 0; i < demo.layers; ++i) {  // forward
+      void* data = nullptr;
+      if (!check(
+              chunks.acquire(layers[i].params, Stream{}, &data, AccessMode::read, WaitMode::host),
+              "acquire", ChunkManager::last_error()) ||
+          !check(allocator->allocate(&activations[i], demo.activation_bytes, Stream{}),
+                 "activation allocate", CachingAllocator::last_error()) ||
+          !check(chunks.release(layers[i].params, Stream{}), "release",
+                 ChunkManager::last_error())) {
         return 1;
       }
     }
+    for (int i = demo.layers - 1; i >= 0; --i) {  // backward
+      if (!update_layer(runtime, layers[i], step, i, demo.layer_param_bytes) ||
+          !check(allocator->deallocate(activations[i]), "activation free",
+                 CachingAllocator::last_error())) {
+        return 1;
+      }
+    }
+    const Stats after = runtime.stats();
+    fmt::print("step {}: {:.3f} s, {} evictions, {:.1f} MiB to host, {:.1f} MiB to device\n", step,
+               (runtime.device().now_ns() - start) / 1e9, after.evictions - before.evictions,
+               (after.bytes_moved_d2h - before.bytes_moved_d2h) / 1048576.0,
+               (after.bytes_moved_h2d - before.bytes_moved_h2d) / 1048576.0);
   }
-  if (!check(*device, device->synchronize(), "synchronize")) return 1;
-  const double seconds = (device->now_ns() - start) / 1e9;
 
   int mismatched = 0;
-  for (int i = 0; i < demo.chunks; ++i) mismatched += std::memcmp(host[i], back[i], bytes) != 0;
-  const double moved = 2.0 * demo.rounds * demo.chunks * bytes;
+  for (int i = 0; i < demo.layers; ++i) {
+    void* host = nullptr;
+    if (!check(chunks.acquire_host(layers[i].params, &host, AccessMode::read), "acquire_host",
+               ChunkManager::last_error())) {
+      return 1;
+    }
+    mismatched += std::memcmp(host, layers[i].expected.data(), demo.layer_param_bytes) != 0;
+    chunks.release_host(layers[i].params);
+  }
+  const Stats stats = runtime.stats();
+  fmt::print("parameters bit-identical to the host reference: {}\n",
+             mismatched == 0 ? "yes" : fmt::format("NO ({} layers differ)", mismatched));
   fmt::print(
-      "moved {} chunks of {:.1f} MiB {} times each way: {:.2f} GB in {:.3f} s ({:.2f} GB/s)\n",
-      demo.chunks, bytes / double(1 << 20), demo.rounds, moved / 1e9, seconds,
-      moved / 1e9 / seconds);
-  if (device->kind() == DeviceKind::sim && config.sim_bandwidth > 0) {
-    fmt::print("modelled bandwidth {:.2f} GB/s per direction\n", config.sim_bandwidth / 1e9);
-  }
-  fmt::print("chunks bit-identical after the round trips: {}\n", mismatched == 0 ? "yes" : "NO");
-
-  device->destroy_event(uploaded);
-  device->destroy_stream(upload);
-  device->destroy_stream(download);
-  for (int i = 0; i < demo.chunks; ++i) {
-    device->host_free(host[i]);
-    device->host_free(back[i]);
-    device->free(slots[i]);
-  }
+      "totals: peak reserved {:.1f} MiB of {:.1f} MiB budget, {} evictions, {:.1f} MiB moved to "
+      "host, {:.1f} MiB to device, {:.3f} s stalled on fetches\n",
+      stats.reserved_bytes.peak / 1048576.0, budget / 1048576.0, stats.evictions,
+      stats.bytes_moved_d2h / 1048576.0, stats.bytes_moved_h2d / 1048576.0, stats.stall_ns / 1e9);
+  fmt::print("stats: {}\n", stats.to_json());
+  chunks.remove_client(model);
   return mismatched == 0 ? 0 : 1;
 }
 
@@ -107,21 +161,18 @@ int run_demo(const Config& config, const DemoOptions& demo) {
 }  // namespace spillway
 
 int main(int argc, char** argv) {
-  CLI::App app{"spillway-demo: moves chunks through the configured device (SPILLWAY_CONF)"};
+  CLI::App app{
+      "spillway-demo: trains a layered stand-in model bigger than the device budget "
+      "(configured by SPILLWAY_CONF)"};
   spillway::DemoOptions demo;
-  app.add_option("--chunks", demo.chunks, "number of chunks")->check(CLI::Range(1, 4096));
-  int chunk_mib = 16;
-  app.add_option("--chunk-mib", chunk_mib, "chunk size in MiB")->check(CLI::Range(1, 4096));
-  app.add_option("--rounds", demo.rounds, "round trips per chunk")->check(CLI::Range(1, 1000));
+  int layer_mib = 16, activation_mib = 2;
+  app.add_option("--layers", demo.layers, "layers of the model")->check(CLI::Range(1, 4096));
+  app.add_option("--layer-mib", layer_mib, "parameter MiB per layer")->check(CLI::Range(1, 4096));
+  app.add_option("--activation-mib", activation_mib, "activation MiB per layer")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--steps", demo.steps, "training steps")->check(CLI::Range(1, 1000));
   CLI11_PARSE(app, argc, argv);
-  demo.chunk_bytes = static_cast<std::size_t>(chunk_mib) << 20;
-
-  spillway::ConfigResult parsed = spillway::config_from_environment();
-  if (!parsed.ok()) {
-    fmt::print(stderr, "{}\n", parsed.error->message);
-    return 2;
-  }
-  spillway::set_log_level(parsed.config->log);
-  fmt::print("SPILLWAY_CONF: {}\n", spillway::format_config(*parsed.config));
-  return spillway::run_demo(*parsed.config, demo);
+  demo.layer_param_bytes = static_cast<std::size_t>(layer_mib) << 20;
+  demo.activation_bytes = static_cast<std::size_t>(activation_mib) << 20;
+  return spillway::run_demo(demo);
 }
