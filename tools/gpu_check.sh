@@ -50,6 +50,7 @@ STEPS=(
   "build 300 stop"        # everything, -j$(nproc)
   "gpu_tests 180 continue"  # ctest -L gpu: must pass, and must not skip on a GPU
   "gpu_bench 90 continue"   # bench_device --device=cuda: metric lines
+  "pluggable 150 continue"  # libspillway.so as torch's allocator vs torch's own
 )
 
 # Build dependencies fetched by --fetch-deps (Debian package names): what the
@@ -253,6 +254,21 @@ step_gpu_bench() {
   return "$rc"
 }
 
+step_pluggable() {
+  local lib="$build/allocator/libspillway.so"
+  [[ -f "$lib" ]] || { echo "gpu_check: $lib was not built"; return 1; }
+  local rc=0
+  timed python3 "$repo/tools/gpu/pluggable_allocator_check.py" --lib "$lib" 2>&1 |
+    tee "$work/pluggable.txt" || rc=$?
+  if ((rc == 2)); then  # no torch with CUDA here: the script said why
+    step_status=skipped
+    step_note="$(tail -n 1 "$work/pluggable.txt")"
+    return 0
+  fi
+  step_note="$(grep -E '^losses identical' "$work/pluggable.txt")"
+  return "$rc"
+}
+
 # ---------------------------------------------------------------- the runner
 
 # Runs one step; returns non-zero when it failed and its policy is stop.
@@ -352,6 +368,10 @@ write_summary() {
     echo "## Metrics"
     echo
     code_block "$work/bench.txt" '^metric |^# (cuda|sim|error)'
+    echo
+    echo "## spillway as torch's allocator (CUDAPluggableAllocator)"
+    echo
+    code_block "$work/pluggable.txt"
   } >"$summary.tmp" && mv "$summary.tmp" "$summary"
 }
 
