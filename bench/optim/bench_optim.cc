@@ -1,0 +1,213 @@
+// bench_optim: how close spillway's CPU Adam gets to the memory bandwidth
+// bound, and how it compares with torch::optim::Adam, as metric lines.
+//
+//   metric stream_copy_bandwidth   STREAM-like copy over all cores: bytes read +
+//                                  written per second (GB/s), arrays >> cache
+//   metric cpu_adam_params_per_s   spillway's fp32 Adam step, all cores, 64M params
+//   metric cpu_adam_vs_bound       cpu_adam_params_per_s over the bound
+//                                  stream_copy_bandwidth / 28 bytes per parameter
+//                                  (p, g, m, v read; p, m, v written); goal >= 0.85
+//   metric cpu_adam_torch_params_per_s  torch::optim::Adam on the same sizes (with Torch)
+//   metric cpu_adam_vs_torch       spillway over torch; goal >= 1.6 (with Torch)
+//
+// Plus, in the table only: each ISA variant, mixed precision (bf16 grads and
+// params with fp32 master and state), and the gradient statistics pass.
+// Ratios need the benchmarks they divide by in the same run (the default).
+//
+//   bench_optim [--benchmark_* flags]
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/common/metric_reporter.h"
+#include "hooks/optim/cpu_kernels.h"
+
+#ifdef SPILLWAY_BENCH_OPTIM_WITH_TORCH
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+#endif
+
+namespace spillway::bench {
+namespace {
+
+namespace cpu = spillway::optim::cpu;
+
+constexpr std::size_t kLargeParams = std::size_t{64} << 20;  // 256 MiB per fp32 array
+constexpr std::size_t kTableParams = std::size_t{16} << 20;
+constexpr double kAdamBytesPerParam = 28.0;
+
+// Best figures seen in this run; the ratios are formed from them.
+double g_stream_bytes_per_s = 0.0;
+double g_spillway_params_per_s = 0.0;
+
+int all_cores() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Arrays written once before timing, so page faults are not measured.
+std::vector<float> filled(std::size_t count, float value) {
+  return std::vector<float>(count, value);
+}
+
+void BM_StreamCopy(benchmark::State& state) {
+  const std::size_t count = kLargeParams;
+  const std::vector<float> source = filled(count, 1.0f);
+  std::vector<float> destination = filled(count, 0.0f);
+  const int threads = all_cores();
+  double best_seconds = 1e30;
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<std::thread> workers;
+    for (int t = 0; t < threads; ++t) {
+      workers.emplace_back([&, t] {
+        const std::size_t begin = count / threads * t;
+        const std::size_t end = t + 1 == threads ? count : count / threads * (t + 1);
+        std::memcpy(destination.data() + begin, source.data() + begin,
+                    (end - begin) * sizeof(float));
+      });
+    }
+    for (std::thread& worker : workers) worker.join();
+    best_seconds = std::min(best_seconds, seconds_since(start));
+    benchmark::DoNotOptimize(destination.data());
+  }
+  const double bytes_per_s = 2.0 * count * sizeof(float) / best_seconds;  // read + write
+  g_stream_bytes_per_s = std::max(g_stream_bytes_per_s, bytes_per_s);
+  state.counters[metric_counter("stream_copy_bandwidth", "GB/s")] = bytes_per_s / 1e9;
+}
+BENCHMARK(BM_StreamCopy)->Iterations(10)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+struct AdamState {
+  explicit AdamState(std::size_t count)
+      : params(filled(count, 0.5f)),
+        grads(filled(count, 0.01f)),
+        exp_avg(filled(count, 0.0f)),
+        exp_avg_sq(filled(count, 0.0f)) {}
+  std::vector<float> params, grads, exp_avg, exp_avg_sq;
+};
+
+// Times adam steps; returns the best step's params/s (least disturbed by the
+// other load on a shared machine).
+template <class StepFn>
+double time_steps(benchmark::State& state, std::size_t count, const StepFn& step_fn) {
+  double best_seconds = 1e30;
+  std::int64_t step = 1;
+  step_fn(step++);  // warm: first-step allocations (torch's state) are not timed
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    step_fn(step++);
+    best_seconds = std::min(best_seconds, seconds_since(start));
+  }
+  state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(count));
+  return static_cast<double>(count) / best_seconds;
+}
+
+void BM_SpillwayAdam(benchmark::State& state) {
+  const std::size_t count = kLargeParams;
+  AdamState adam(count);
+  cpu::AdamConfig config;
+  config.weight_decay = 0.01;
+  config.decoupled_weight_decay = true;
+  const double params_per_s = time_steps(state, count, [&](std::int64_t step) {
+    config.step = step;
+    cpu::adam_step({count, adam.params.data(), adam.grads.data(), cpu::DType::f32,
+                    adam.exp_avg.data(), adam.exp_avg_sq.data()},
+                   config, {cpu::Isa::automatic, all_cores()});
+  });
+  g_spillway_params_per_s = std::max(g_spillway_params_per_s, params_per_s);
+  state.counters[metric_counter("cpu_adam_params_per_s", "params/s")] = params_per_s;
+  if (g_stream_bytes_per_s > 0) {
+    const double bound = g_stream_bytes_per_s / kAdamBytesPerParam;
+    report_metric("cpu_adam_vs_bound", g_spillway_params_per_s / bound, "ratio");
+  }
+  report_note(std::string("cpu adam isa: ") + cpu::isa_name(cpu::best_isa()) + ", threads " +
+              std::to_string(all_cores()));
+}
+BENCHMARK(BM_SpillwayAdam)->Iterations(10)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+#ifdef SPILLWAY_BENCH_OPTIM_WITH_TORCH
+void BM_TorchAdam(benchmark::State& state) {
+  const std::size_t count = kLargeParams;
+  at::set_num_threads(all_cores());
+  torch::NoGradGuard no_grad;
+  torch::Tensor param = torch::full({static_cast<std::int64_t>(count)}, 0.5f);
+  param.set_requires_grad(true);
+  param.mutable_grad() = torch::full({static_cast<std::int64_t>(count)}, 0.01f);
+  torch::optim::AdamW optimizer({param}, torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
+  const double params_per_s = time_steps(state, count, [&](std::int64_t) { optimizer.step(); });
+  state.counters[metric_counter("cpu_adam_torch_params_per_s", "params/s")] = params_per_s;
+  if (g_spillway_params_per_s > 0) {
+    report_metric("cpu_adam_vs_torch", g_spillway_params_per_s / params_per_s, "ratio");
+  }
+}
+BENCHMARK(BM_TorchAdam)->Iterations(5)->UseRealTime()->Unit(benchmark::kMillisecond);
+#endif
+
+// Table only: one ISA variant, fp32, kTableParams (registered in main for the
+// variants this CPU supports).
+void BM_SpillwayAdamIsa(benchmark::State& state, cpu::Isa isa) {
+  const std::size_t count = kTableParams;
+  AdamState adam(count);
+  cpu::AdamConfig config;
+  time_steps(state, count, [&](std::int64_t step) {
+    config.step = step;
+    cpu::adam_step({count, adam.params.data(), adam.grads.data(), cpu::DType::f32,
+                    adam.exp_avg.data(), adam.exp_avg_sq.data()},
+                   config, {isa, all_cores()});
+  });
+}
+
+void register_isa_benchmarks() {
+  for (cpu::Isa isa : {cpu::Isa::scalar, cpu::Isa::avx2, cpu::Isa::avx512}) {
+    const std::string name = std::string("BM_SpillwayAdamIsa/") + cpu::isa_name(isa);
+    if (!cpu::isa_supported(isa)) {
+      report_note(name + ": skipped (not supported by this CPU)");
+      continue;
+    }
+    benchmark::RegisterBenchmark(name.c_str(), BM_SpillwayAdamIsa, isa)
+        ->Iterations(5)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  }
+}
+
+// Table only: bf16 grads in, bf16 params out, fp32 master and state (24 bytes/param).
+void BM_SpillwayAdamMixedBf16(benchmark::State& state) {
+  const std::size_t count = kTableParams;
+  AdamState adam(count);
+  std::vector<std::uint16_t> grads_bf16(count, cpu::float_to_bf16(0.01f));
+  std::vector<std::uint16_t> params_bf16(count, 0);
+  cpu::AdamConfig config;
+  time_steps(state, count, [&](std::int64_t step) {
+    config.step = step;
+    cpu::adam_step(
+        {count, adam.params.data(), grads_bf16.data(), cpu::DType::bf16, adam.exp_avg.data(),
+         adam.exp_avg_sq.data(), params_bf16.data(), cpu::DType::bf16},
+        config);
+  });
+}
+BENCHMARK(BM_SpillwayAdamMixedBf16)->Iterations(5)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// Table only: the found-inf + squared-norm pass over fp32 grads.
+void BM_GradStats(benchmark::State& state) {
+  const std::size_t count = kTableParams;
+  const std::vector<float> grads = filled(count, 0.01f);
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(cpu::grad_stats(grads.data(), cpu::DType::f32, count));
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(count * sizeof(float)));
+}
+BENCHMARK(BM_GradStats)->Iterations(10)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace spillway::bench
+
+int main(int argc, char** argv) {
+  spillway::bench::initialize(&argc, argv);
+  spillway::bench::register_isa_benchmarks();
+  return spillway::bench::run_and_report();
+}

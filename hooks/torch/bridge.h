@@ -1,0 +1,128 @@
+// bridge.h: the torch bridge's shared state, private to hooks/torch.
+//
+// Note [Bindings are keyed by StorageImpl]: a managed tensor is known by its
+// c10::StorageImpl*, which every view and every autograd saved variable
+// shares and which does not change when the bridge rebinds the data pointer.
+// The op hook looks each tensor input up by it: one hash lookup per input.
+//
+// Note [Lock order]: the binding table's lock is never held while calling the
+// chunk manager. The chunk manager calls the table's observer with its own
+// lock held, and the observer takes the table's lock (shared): so holding the
+// table lock across a chunk-manager call could deadlock.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "allocator/chunk_manager.h"
+#include "allocator/chunk_observer.h"
+#include "allocator/runtime.h"
+
+namespace spillway::torch_bridge {
+
+// A parameter under management, with the chunk-resident gradient bound to it.
+struct ManagedParam {
+  ClientId client{};
+  at::Tensor param;  // the leaf variable (holds it alive while managed)
+  TensorId param_id{};
+  at::Tensor bound_grad;  // chunk-resident; param.grad() unless autograd replaced it
+  TensorId grad_id{};
+  c10::StorageImpl* bound_grad_storage = nullptr;
+  std::mutex grad_mutex;  // serialises rebinding of this parameter's gradient
+};
+
+// What the op hook needs to know about one managed storage.
+struct Binding {
+  TensorId tensor{};
+  TensorKind kind = TensorKind::param;
+  c10::intrusive_ptr<c10::StorageImpl> storage;  // kept alive while bound
+  c10::Device device{c10::kCPU};
+  // For a parameter's storage: its ManagedParam (for lazy gradient rebinding).
+  std::shared_ptr<ManagedParam> managed;
+};
+
+struct TensorIdHash {
+  std::size_t operator()(TensorId id) const noexcept {
+    return std::hash<std::uint64_t>{}(static_cast<std::uint64_t>(id));
+  }
+};
+
+// Every managed storage, and the chunk observer that rebinds them.
+class BindingTable final : public ChunkObserver {
+ public:
+  // False fast, with no lookup, while nothing is managed.
+  bool empty() const { return size_.load(std::memory_order_acquire) == 0; }
+
+  // Copy of the binding of `storage`, if managed.
+  std::optional<Binding> find(const c10::StorageImpl* storage) const;
+  bool contains(const c10::StorageImpl* storage) const { return find(storage).has_value(); }
+
+  void insert(Binding binding);
+  // The binding removed, if there was one.
+  std::optional<Binding> erase(const c10::StorageImpl* storage);
+  // Every ManagedParam (for step()).
+  std::vector<std::shared_ptr<ManagedParam>> managed_params() const;
+
+  // ChunkObserver: points each moved tensor's storage at its new address.
+  void on_tensors_moved(std::span<const TensorAddress> tensors) override;
+
+ private:
+  mutable std::shared_mutex mutex_;
+  std::unordered_map<const c10::StorageImpl*, Binding> by_storage_;
+  std::unordered_map<TensorId, c10::StorageImpl*, TensorIdHash> by_tensor_;
+  std::atomic<std::size_t> size_{0};
+};
+
+// Points `storage` at `address` without owning it (chunk memory).
+void point_storage_at(c10::StorageImpl& storage, void* address, c10::Device device);
+
+// The process's bridge state; created on first use, never destroyed (Note [The
+// process runtime lives forever] in allocator/runtime.h applies here too).
+BindingTable& binding_table();
+
+// The process's chunk manager, activating spillway if needed; throws
+// std::runtime_error when activation fails. Installs the observer and the op
+// hooks on first call.
+ChunkManager& active_chunk_manager();
+
+// Installs the global RecordFunction callback (once; op_hooks.cc).
+void install_op_hooks();
+
+// While alive, the op hook ignores ops on this thread: for the bridge's own
+// ops on tensors it has acquired itself.
+class OpHookSuppression {
+ public:
+  OpHookSuppression();
+  ~OpHookSuppression();
+  OpHookSuppression(const OpHookSuppression&) = delete;
+  OpHookSuppression& operator=(const OpHookSuppression&) = delete;
+  static bool active();
+
+ private:
+  bool previous_;
+};
+
+// Copies `bytes` between two addresses the device can reach (chunk memory,
+// tensors' memory), waiting until done. Throws std::runtime_error on failure.
+void copy_bytes(void* dst, const void* src, std::size_t bytes);
+
+// Gradient binding (grad_binding.cc).
+// Makes a chunk-resident gradient for `managed.param` (registered as kind
+// grad under `managed.grad_id`) and sets param.grad to it, keeping the values
+// of a gradient already there.
+void bind_grad(ChunkManager& chunks, ManagedParam& managed);
+// If autograd replaced param.grad with a tensor of its own (set-to-none
+// zero_grad, then backward), copies it into the grad chunk and binds the
+// chunk tensor again. Cheap when nothing changed.
+void rebind_grad_if_replaced(ChunkManager& chunks, ManagedParam& managed);
+
+}  // namespace spillway::torch_bridge

@@ -1,0 +1,93 @@
+// Gradient binding: param.grad is a tensor in a grad chunk, so autograd
+// accumulates into chunk memory in place.
+//
+// Note [Why a bound gradient accumulates in place]: torch's AccumulateGrad,
+// when param.grad is defined and grad mode is off (a plain backward), runs
+// `variable_grad += new_grad`, an in-place add_ whose op hook acquires the
+// grad chunk for writing. Only an undefined param.grad makes autograd create
+// a tensor of its own (stealing or cloning the incoming gradient).
+//
+// Note [Set-to-none zero_grad]: setting param.grad to none undoes the
+// binding; the next backward then gives param.grad a fresh tensor. The bridge
+// notices at the next opportunity (the op hook, when an op uses the
+// parameter, e.g. the optimizer's update; or spillway::step()) and copies the
+// fresh gradient into the grad chunk, binding the chunk tensor again. Values
+// are the same, so results are too; the cost is one copy per step.
+#include <stdexcept>
+#include <string>
+
+#include "hooks/torch/bridge.h"
+
+namespace spillway::torch_bridge {
+
+namespace {
+
+// A tensor with the parameter's sizes, strides and offset over a storage of
+// the parameter's storage size, pointing at the grad tensor's chunk address.
+at::Tensor make_chunk_grad(ChunkManager& chunks, const ManagedParam& managed) {
+  const at::Tensor& param = managed.param;
+  const c10::StorageImpl& param_storage = *param.storage().unsafeGetStorageImpl();
+  const c10::Device device = param_storage.data_ptr().device();
+  const std::optional<TensorInfo> info = chunks.tensor_info(managed.grad_id);
+  if (!info) throw std::runtime_error("spillway: the gradient's chunk tensor is unknown");
+  auto storage = c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), param_storage.nbytes(),
+      at::DataPtr(info->address, device), /*allocator=*/nullptr, /*resizable=*/false);
+  at::NoGradGuard no_grad;
+  OpHookSuppression suppress;  // the storage is not bound yet: nothing to acquire
+  at::Tensor grad = at::empty({0}, param.options().requires_grad(false));
+  grad.set_(c10::Storage(std::move(storage)), param.storage_offset(), param.sizes(),
+            param.strides());
+  return grad;
+}
+
+// Copies `values` into the bound gradient, its chunk acquired for writing.
+void copy_into_bound_grad(ChunkManager& chunks, ManagedParam& managed, const at::Tensor& values) {
+  void* address = nullptr;
+  if (chunks.acquire(managed.grad_id, Stream{}, &address, AccessMode::read_write, WaitMode::host) !=
+      Status::ok)
+    throw std::runtime_error("spillway: acquiring a gradient's chunk failed: " +
+                             ChunkManager::last_error());
+  {
+    at::NoGradGuard no_grad;
+    OpHookSuppression suppress;  // acquired above
+    managed.bound_grad.copy_(values);
+  }
+  chunks.release(managed.grad_id, Stream{});
+}
+
+}  // namespace
+
+void bind_grad(ChunkManager& chunks, ManagedParam& managed) {
+  std::lock_guard lock(managed.grad_mutex);
+  managed.bound_grad = make_chunk_grad(chunks, managed);
+  c10::StorageImpl* storage = managed.bound_grad.storage().unsafeGetStorageImpl();
+  managed.bound_grad_storage = storage;
+  binding_table().insert(Binding{managed.grad_id, TensorKind::grad,
+                                 c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage),
+                                 storage->data_ptr().device(), nullptr});
+  // The chunk may have moved between tensor_info and insert: point the
+  // storage at the current address (Note [Lock order]: no table lock held).
+  if (const std::optional<TensorInfo> info = chunks.tensor_info(managed.grad_id))
+    point_storage_at(*storage, info->address, storage->data_ptr().device());
+  const at::Tensor existing = managed.param.grad();
+  if (existing.defined()) copy_into_bound_grad(chunks, managed, existing);
+  managed.param.mutable_grad() = managed.bound_grad;
+}
+
+void rebind_grad_if_replaced(ChunkManager& chunks, ManagedParam& managed) {
+  std::lock_guard lock(managed.grad_mutex);
+  if (!managed.bound_grad.defined()) return;  // a frozen parameter: no grad chunk
+  const at::Tensor current = managed.param.grad();
+  if (!current.defined()) return;  // set to none and no backward since
+  if (current.has_storage() &&
+      current.storage().unsafeGetStorageImpl() == managed.bound_grad_storage)
+    return;
+  if (current.sizes() != managed.bound_grad.sizes() ||
+      current.scalar_type() != managed.bound_grad.scalar_type() || current.is_sparse())
+    return;  // not a gradient the chunk can hold: left as it is
+  copy_into_bound_grad(chunks, managed, current);
+  managed.param.mutable_grad() = managed.bound_grad;
+}
+
+}  // namespace spillway::torch_bridge

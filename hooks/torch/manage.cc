@@ -1,0 +1,175 @@
+// manage / unmanage: moving parameters into chunks and back, and the rest of
+// the public API (configure, memory_stats_json, step).
+//
+// Note [Taking a parameter's bytes]: manage swaps the storage's own DataPtr
+// out (set_data_ptr returns it), so the original bytes stay alive, owned by
+// the bridge, until they are copied into the chunk; then they are freed.
+// From then on the storage holds a DataPtr without a deleter into chunk
+// memory, updated by the observer (binding_table.cc) on every move.
+#include <stdexcept>
+#include <string>
+#include <unordered_set>
+#include <utility>
+
+#include "hooks/torch/bridge.h"
+#include "hooks/torch/spillway_torch.h"
+
+namespace spillway {
+
+using torch_bridge::Binding;
+using torch_bridge::binding_table;
+using torch_bridge::ManagedParam;
+
+namespace {
+
+std::string describe_failure(const char* what, const std::string& name) {
+  return std::string("spillway: ") + what + " of '" + name +
+         "' failed: " + ChunkManager::last_error();
+}
+
+TensorId register_storage(ChunkManager& chunks, ClientId client, TensorKind kind,
+                          const at::Tensor& tensor, const std::string& name) {
+  const c10::StorageImpl& storage = *tensor.storage().unsafeGetStorageImpl();
+  TensorSpec spec;
+  spec.kind = kind;
+  spec.dtype_bytes = tensor.element_size();
+  spec.element_count = storage.nbytes() / tensor.element_size();
+  spec.name = name;
+  TensorId id{};
+  if (chunks.register_tensor(client, spec, &id) != Status::ok)
+    throw std::runtime_error(describe_failure("registering", name));
+  return id;
+}
+
+// Note [Taking a parameter's bytes].
+void move_into_chunk(ChunkManager& chunks, TensorId id, c10::StorageImpl& storage,
+                     c10::Device device, at::DataPtr original, const std::string& name) {
+  void* chunk_address = nullptr;
+  if (chunks.acquire(id, Stream{}, &chunk_address, AccessMode::read_write, WaitMode::host) !=
+      Status::ok)
+    throw std::runtime_error(describe_failure("placing", name));
+  torch_bridge::point_storage_at(storage, chunk_address, device);
+  torch_bridge::copy_bytes(chunk_address, original.get(), storage.nbytes());
+  chunks.release(id, Stream{});
+}
+
+void manage_params(const std::vector<std::pair<std::string, torch::Tensor>>& named) {
+  ChunkManager& chunks = torch_bridge::active_chunk_manager();
+  torch_bridge::BindingTable& table = binding_table();
+  static std::atomic<int> next_client{0};
+  const ClientId client = chunks.add_client("torch" + std::to_string(next_client++));
+
+  // Note [Register first, then write]: a chunk is sealed once accessed, so
+  // every tensor is registered before any is written; otherwise each
+  // parameter would open a chunk of its own.
+  std::unordered_set<const c10::StorageImpl*> seen;  // tied weights share a storage
+  std::vector<std::pair<std::string, std::shared_ptr<ManagedParam>>> placed;
+  for (const auto& [name, param] : named) {
+    if (!param.defined() || !param.has_storage()) continue;
+    const c10::StorageImpl* storage = param.storage().unsafeGetStorageImpl();
+    if (table.contains(storage) || !seen.insert(storage).second) continue;
+    auto managed = std::make_shared<ManagedParam>();
+    managed->client = client;
+    managed->param = param;
+    managed->param_id = register_storage(chunks, client, TensorKind::param, param, name);
+    // The gradient has the parameter's layout, hence its storage size. A
+    // frozen parameter (requires_grad false) gets none.
+    if (param.requires_grad())
+      managed->grad_id = register_storage(chunks, client, TensorKind::grad, param, name + ".grad");
+    placed.emplace_back(name, std::move(managed));
+  }
+  for (auto& [name, managed] : placed) {
+    c10::StorageImpl* storage = managed->param.storage().unsafeGetStorageImpl();
+    const c10::Device device = storage->data_ptr().device();
+    at::DataPtr original = storage->set_data_ptr(at::DataPtr(nullptr, device));
+    table.insert(Binding{managed->param_id, TensorKind::param,
+                         c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage), device,
+                         managed});
+    move_into_chunk(chunks, managed->param_id, *storage, device, std::move(original), name);
+    if (managed->param.requires_grad()) torch_bridge::bind_grad(chunks, *managed);
+  }
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> unnamed(std::vector<torch::Tensor> params) {
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  named.reserve(params.size());
+  for (std::size_t i = 0; i < params.size(); ++i)
+    named.emplace_back("param" + std::to_string(i), std::move(params[i]));
+  return named;
+}
+
+// Copies a managed storage's bytes into memory of its own and forgets it.
+void unbind_storage(ChunkManager& chunks, c10::StorageImpl* storage) {
+  std::optional<Binding> binding = binding_table().find(storage);
+  if (!binding) return;
+  void* chunk_address = nullptr;
+  if (chunks.acquire(binding->tensor, Stream{}, &chunk_address, AccessMode::read, WaitMode::host) !=
+      Status::ok)
+    throw std::runtime_error(describe_failure(
+        "unmanaging", std::to_string(static_cast<std::uint64_t>(binding->tensor))));
+  at::DataPtr own = c10::GetAllocator(binding->device.type())->allocate(storage->nbytes());
+  torch_bridge::copy_bytes(own.get(), chunk_address, storage->nbytes());
+  binding_table().erase(storage);
+  storage->set_data_ptr_noswap(std::move(own));
+  chunks.release(binding->tensor, Stream{});
+  chunks.discard(binding->tensor);
+}
+
+void unmanage_params(const std::vector<torch::Tensor>& params) {
+  if (binding_table().empty()) return;
+  ChunkManager& chunks = torch_bridge::active_chunk_manager();
+  std::unordered_set<std::uint32_t> touched_clients;
+  for (const torch::Tensor& param : params) {
+    if (!param.defined() || !param.has_storage()) continue;
+    c10::StorageImpl* storage = param.storage().unsafeGetStorageImpl();
+    std::optional<Binding> binding = binding_table().find(storage);
+    if (!binding || binding->managed == nullptr) continue;
+    ManagedParam& managed = *binding->managed;
+    torch_bridge::rebind_grad_if_replaced(chunks, managed);
+    unbind_storage(chunks, storage);
+    if (managed.bound_grad_storage != nullptr) unbind_storage(chunks, managed.bound_grad_storage);
+    touched_clients.insert(static_cast<std::uint32_t>(managed.client));
+  }
+  // A client none of whose tensors is still bound goes away with its chunks.
+  for (const std::uint32_t client : touched_clients) {
+    bool still_bound = false;
+    for (const auto& managed : binding_table().managed_params())
+      still_bound = still_bound || static_cast<std::uint32_t>(managed->client) == client;
+    if (!still_bound) chunks.remove_client(static_cast<ClientId>(client));
+  }
+}
+
+}  // namespace
+
+void configure(const std::string& conf) {
+  std::string error;
+  if (!Runtime::process().configure(conf, &error)) throw std::invalid_argument(error);
+}
+
+void manage(torch::nn::Module& module) {
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (const auto& item : module.named_parameters(/*recurse=*/true))
+    named.emplace_back(item.key(), item.value());
+  manage_params(named);
+}
+
+void manage(std::vector<torch::Tensor> params) { manage_params(unnamed(std::move(params))); }
+
+void unmanage(torch::nn::Module& module) { unmanage_params(module.parameters(/*recurse=*/true)); }
+
+void unmanage(std::vector<torch::Tensor> params) { unmanage_params(params); }
+
+std::string memory_stats_json() {
+  Runtime& runtime = Runtime::process();
+  if (runtime.active_allocator() == nullptr) return "{}";
+  return runtime.stats().to_json();
+}
+
+void step() {
+  if (binding_table().empty()) return;
+  ChunkManager& chunks = torch_bridge::active_chunk_manager();
+  for (const auto& managed : binding_table().managed_params())
+    torch_bridge::rebind_grad_if_replaced(chunks, *managed);
+}
+
+}  // namespace spillway

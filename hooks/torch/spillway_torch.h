@@ -1,0 +1,55 @@
+// spillway_torch.h: the LibTorch bridge's public API (design section 6).
+//
+// Design summary:
+//  - manage() registers each parameter, and a gradient of the same shape, with
+//    the process's chunk manager (one client per call), copies the
+//    parameter's bytes into its chunk and rebinds the parameter's
+//    c10::StorageImpl data pointer to chunk memory, so every view follows.
+//    The bridge observes the chunk manager and rebinds again on every move;
+//    under strict_residency an evicted tensor points at inaccessible memory.
+//  - A global at::RecordFunction callback acquires the chunks of an op's
+//    managed tensor inputs before the op and releases them after it
+//    (op_hooks.cc), so any PyTorch code, torch::optim included, computes on
+//    resident bytes.
+//  - param.grad is a chunk-resident tensor, so autograd accumulates in place
+//    (grad_binding.cc); a gradient autograd created afresh (after a
+//    set-to-none zero_grad) is copied into the grad chunk at the next
+//    opportunity.
+//
+// See docs/torch-bridge.md for what works and what does not yet.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+namespace spillway {
+
+// Sets the configuration (SPILLWAY_CONF syntax, design section 4) before
+// anything is managed. Throws std::invalid_argument with the parser's message
+// on a bad configuration, or when spillway is already active with another one.
+void configure(const std::string& conf);
+
+// Moves the parameters into chunks (one chunk-manager client per call) and
+// binds their gradients to grad chunks. Parameters already managed are
+// skipped. Throws std::runtime_error when spillway cannot activate or a
+// parameter cannot be placed.
+void manage(torch::nn::Module& module);
+void manage(std::vector<torch::Tensor> params);
+
+// Moves the parameters (and their bound gradients) back into ordinary
+// storage and forgets them; a client whose tensors are all unmanaged is
+// removed. Unknown tensors are ignored. No op may use them meanwhile.
+void unmanage(torch::nn::Module& module);
+void unmanage(std::vector<torch::Tensor> params);
+
+// Allocator and chunk figures under the contract keys (design section 3), as
+// JSON; "{}" while spillway is not active.
+std::string memory_stats_json();
+
+// The iteration boundary: re-binds gradients that autograd created afresh
+// (set-to-none zero_grad) into their grad chunks. Optimizers call it.
+void step();
+
+}  // namespace spillway
