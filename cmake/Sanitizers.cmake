@@ -1,9 +1,11 @@
 # SPILLWAY_SANITIZER=address builds everything with ASan+UBSan; =thread with TSan.
+# C and C++ only: nvcc does not take -fsanitize (CUDA device code is checked
+# with compute-sanitizer on a GPU instead).
 if(SPILLWAY_SANITIZER STREQUAL "address")
-  add_compile_options(-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
+  add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:-fsanitize=address,undefined;-fno-sanitize-recover=undefined;-fno-omit-frame-pointer>")
   add_link_options(-fsanitize=address,undefined)
 elseif(SPILLWAY_SANITIZER STREQUAL "thread")
-  add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
+  add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:-fsanitize=thread;-fno-omit-frame-pointer>")
   add_link_options(-fsanitize=thread)
 elseif(NOT SPILLWAY_SANITIZER STREQUAL "")
   message(FATAL_ERROR "SPILLWAY_SANITIZER must be empty, 'address' or 'thread', not '${SPILLWAY_SANITIZER}'")

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs dependencies, builds spillway, and runs the demo on this machine's
-# device (the simulated GPU where no GPU is usable).
+# device (the simulated GPU where no GPU is usable): spillway-train-demo (a
+# small GPT trained with LibTorch, docs/train-demo.md) when Torch was found,
+# else spillway-demo (the stack below the LibTorch bridge).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$root/tools/install-deps.sh"
@@ -8,6 +10,12 @@ build=${SPILLWAY_BUILD_DIR:-$root/build}
 mkdir -p "$build"
 cmake -S "$root" -B "$build" -G Ninja >"$build/configure.log" 2>&1 || { cat "$build/configure.log"; exit 1; }
 grep '^-- spillway:' "$build/configure.log" || true
+if grep -q '^-- spillway: Torch found' "$build/configure.log"; then
+  cmake --build "$build" -j"$(nproc)" --target spillway-train-demo
+  # Its own default configuration (the simulated GPU, a budget a quarter of
+  # the model data) unless the caller exports SPILLWAY_CONF.
+  exec "$build/bin/spillway-train-demo" "$@"
+fi
 cmake --build "$build" -j"$(nproc)" --target spillway-demo
 # A modest simulated GPU, its copies modelled at 2 GB/s (below this machine's
 # memcpy speed, so the model, not memcpy, sets the pace), unless the caller says otherwise.

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "hooks/torch/bridge.h"
+#include "hooks/torch/client_names.h"
 #include "hooks/torch/spillway_torch.h"
 
 namespace spillway {
@@ -57,7 +58,9 @@ void manage_params(const std::vector<std::pair<std::string, torch::Tensor>>& nam
   ChunkManager& chunks = torch_bridge::active_chunk_manager();
   torch_bridge::BindingTable& table = binding_table();
   static std::atomic<int> next_client{0};
-  const ClientId client = chunks.add_client("torch" + std::to_string(next_client++));
+  const std::string client_name = "torch" + std::to_string(next_client++);
+  const ClientId client = chunks.add_client(client_name);
+  torch_bridge::name_client(client, client_name);
 
   // Note [Register first, then write]: a chunk is sealed once accessed, so
   // every tensor is registered before any is written; otherwise each
@@ -162,7 +165,7 @@ void unmanage(std::vector<torch::Tensor> params) { unmanage_params(params); }
 std::string memory_stats_json() {
   Runtime& runtime = Runtime::process();
   if (runtime.active_allocator() == nullptr) return "{}";
-  return runtime.stats().to_json();
+  return torch_bridge::add_client_stats(runtime.stats().to_json(), runtime.chunk_manager());
 }
 
 void step() {

@@ -52,4 +52,13 @@ std::string memory_stats_json();
 // (set-to-none zero_grad) into their grad chunks. Optimizers call it.
 void step();
 
+// Writes a complete trace file (docs/trace-format.md) of the events the
+// `trace` option recorded so far to `path`; the live trace file goes on.
+// Throws std::runtime_error when tracing is off or a file cannot be read or
+// written, std::invalid_argument when `path` is the live trace file itself.
+void dump_trace(const std::string& path);
+
 }  // namespace spillway
+
+#include "hooks/torch/engine.h"  // spillway::initialize
+#include "hooks/torch/optim.h"   // spillway::optim::Adam, AdamW, SGD

@@ -8,8 +8,9 @@
 // update the parameters in place, free the activation). Activations and chunks
 // share the one budget, so chunks spill to host memory and come back every
 // step. At the end every parameter is checked against a host-side copy that
-// received the same updates, and the spill statistics are printed. The
-// training demo replaces this once the LibTorch bridge exists.
+// received the same updates, and the spill statistics are printed.
+// tools/demo.sh runs spillway-train-demo (tools/train_demo/) instead where
+// Torch is found.
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 

@@ -1,0 +1,56 @@
+// Client names for the per-client part of memory_stats_json(). The chunk
+// manager knows its clients' names but answers only by id; the bridge keeps
+// its own list rather than widen the manager's interface for a report.
+#include "hooks/torch/client_names.h"
+
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+namespace spillway::torch_bridge {
+
+namespace {
+
+struct ClientNames {
+  std::mutex mutex;
+  std::map<ClientId, std::string> names;
+};
+
+ClientNames& client_names() {
+  static ClientNames* const names = new ClientNames();  // never destroyed, as the runtime
+  return *names;
+}
+
+}  // namespace
+
+void name_client(ClientId client, std::string name) {
+  ClientNames& registry = client_names();
+  std::lock_guard lock(registry.mutex);
+  registry.names[client] = std::move(name);
+}
+
+std::string add_client_stats(const std::string& stats_json, const ChunkManager& chunks) {
+  std::map<ClientId, std::string> names;
+  {
+    ClientNames& registry = client_names();
+    std::lock_guard lock(registry.mutex);
+    names = registry.names;
+  }
+  nlohmann::ordered_json json = nlohmann::ordered_json::parse(stats_json);
+  nlohmann::ordered_json clients = nlohmann::ordered_json::object();
+  for (const auto& [client, name] : names) {
+    if (chunks.chunks_of(client).empty()) continue;  // removed, or nothing placed
+    const ChunkStats stats = chunks.client_stats(client);
+    clients[name] = {{"chunk_bytes.device", stats.chunk_bytes_device},
+                     {"chunk_bytes.host", stats.chunk_bytes_host},
+                     {"bytes_moved.h2d", stats.bytes_moved_h2d},
+                     {"bytes_moved.d2h", stats.bytes_moved_d2h},
+                     {"evictions", stats.evictions}};
+  }
+  json["clients"] = std::move(clients);
+  return json.dump();
+}
+
+}  // namespace spillway::torch_bridge

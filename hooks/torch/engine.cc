@@ -1,0 +1,109 @@
+#include "hooks/torch/engine.h"
+
+#include <cmath>
+#include <stdexcept>
+#include <vector>
+
+#include "hooks/torch/spillway_torch.h"
+
+namespace spillway {
+namespace {
+
+std::unique_ptr<optim::ChunkedOptimizer> make_optimizer(std::vector<torch::Tensor> params,
+                                                        const engine::OptimizerConfig& config) {
+  switch (config.type) {
+    case engine::OptimizerType::adam:
+      return std::make_unique<optim::Adam>(std::move(params),
+                                           torch::optim::AdamOptions(config.lr)
+                                               .betas({config.beta1, config.beta2})
+                                               .eps(config.eps)
+                                               .weight_decay(config.weight_decay));
+    case engine::OptimizerType::adamw:
+      return std::make_unique<optim::AdamW>(std::move(params),
+                                            torch::optim::AdamWOptions(config.lr)
+                                                .betas({config.beta1, config.beta2})
+                                                .eps(config.eps)
+                                                .weight_decay(config.weight_decay));
+    case engine::OptimizerType::sgd:
+      return std::make_unique<optim::SGD>(std::move(params),
+                                          torch::optim::SGDOptions(config.lr)
+                                              .momentum(config.momentum)
+                                              .dampening(config.dampening)
+                                              .nesterov(config.nesterov)
+                                              .weight_decay(config.weight_decay));
+  }
+  throw std::invalid_argument("engine config: optimizer.type: unsupported");
+}
+
+}  // namespace
+
+EngineCore::EngineCore(torch::nn::Module& module, engine::EngineConfig config)
+    : config_(std::move(config)), scaler_(config_.loss_scaler) {
+  if (config_.spillway_conf) configure(*config_.spillway_conf);
+  if (config_.precision != engine::Precision::f32) module.to(compute_dtype());
+  manage(module);
+  std::vector<torch::Tensor> trainable;
+  for (const torch::Tensor& param : module.parameters())
+    if (param.requires_grad()) trainable.push_back(param);
+  if (trainable.empty())
+    throw std::invalid_argument("initialize: the model has no parameter that requires grad");
+  optimizer_ = make_optimizer(std::move(trainable), config_.optimizer);
+}
+
+torch::Dtype EngineCore::compute_dtype() const {
+  switch (config_.precision) {
+    case engine::Precision::fp16:
+      return torch::kHalf;
+    case engine::Precision::bf16:
+      return torch::kBFloat16;
+    case engine::Precision::f32:
+      break;
+  }
+  return torch::kFloat;
+}
+
+bool EngineCore::is_gradient_accumulation_boundary() const {
+  return micro_steps_ % static_cast<std::uint64_t>(config_.gradient_accumulation_steps) == 0;
+}
+
+void EngineCore::backward(const torch::Tensor& loss) {
+  // Scaled in fp32: an fp16 loss times 2^16 could overflow before backward.
+  const double factor = (config_.precision == engine::Precision::fp16 ? scaler_.scale() : 1.0) /
+                        config_.gradient_accumulation_steps;
+  if (factor == 1.0) {
+    loss.backward();
+  } else {
+    (loss.to(torch::kFloat) * factor).backward();
+  }
+}
+
+bool EngineCore::step() {
+  ++micro_steps_;
+  if (!is_gradient_accumulation_boundary()) return false;
+
+  const bool fp16 = config_.precision == engine::Precision::fp16;
+  const double unscale = fp16 ? 1.0 / scaler_.scale() : 1.0;
+  double grad_scale = unscale;
+  bool overflow = false;
+  if (fp16 || config_.gradient_clipping > 0) {
+    const optim::GradientSummary summary = optimizer_->gradient_summary(unscale);
+    overflow = fp16 && summary.found_inf;
+    last_norm_ = summary.global_norm;
+    // torch.nn.utils.clip_grad_norm_'s factor, applied only when it shrinks.
+    if (!overflow && config_.gradient_clipping > 0) {
+      const double clip = config_.gradient_clipping / (summary.global_norm + 1e-6);
+      if (clip < 1.0) grad_scale *= clip;
+    }
+  }
+  if (overflow) {
+    ++skipped_steps_;
+  } else {
+    optimizer_->step_scaled(grad_scale);
+    ++global_steps_;
+  }
+  if (fp16) scaler_.update(overflow);
+  optimizer_->zero_grad();
+  return !overflow;
+}
+
+}  // namespace spillway

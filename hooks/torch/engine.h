@@ -1,0 +1,106 @@
+// initialize(): a training engine built from a DeepSpeed-style JSON
+// configuration (design section 6; the keys: hooks/engine/engine_config.h).
+//
+//   auto engine = spillway::initialize(model, R"({
+//       "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}},
+//       "bf16": {"enabled": true}, "gradient_clipping": 1.0,
+//       "gradient_accumulation_steps": 4,
+//       "spillway": {"device_budget": "6GiB"}})");
+//   for (each micro-batch) {
+//     torch::Tensor loss = loss_fn(engine.forward(x), y);
+//     engine.backward(loss);
+//     engine.step();  // steps the optimizer on every 4th call
+//   }
+//
+// Design summary:
+//  - The whole configuration is checked before anything happens, so a bad
+//    one leaves the model untouched; errors name the key.
+//  - The model is cast to bf16 or fp16 when enabled, managed by spillway,
+//    and given spillway's optimizer, whose fp32 master copies and state live
+//    in chunks.
+//  - backward() scales the loss by loss_scale / gradient_accumulation_steps.
+//    At an accumulation boundary step() looks at the gradients once (global
+//    norm, inf/NaN): with fp16 an overflow skips the step and lowers the
+//    scale; otherwise the optimizer steps with the gradients multiplied by
+//    1 / loss_scale and the clipping factor, fused into its update, then
+//    zeroes them.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include <torch/torch.h>
+
+#include "hooks/engine/engine_config.h"
+#include "hooks/engine/loss_scaler.h"
+#include "hooks/torch/optim.h"
+
+namespace spillway {
+
+// What initialize() builds, for any module; Engine<Holder> adds forward().
+class EngineCore {
+ public:
+  // Throws std::invalid_argument on a configuration spillway cannot apply
+  // (another configuration already active), std::runtime_error when
+  // spillway cannot take the parameters.
+  EngineCore(torch::nn::Module& module, engine::EngineConfig config);
+  EngineCore(EngineCore&&) = default;
+  EngineCore& operator=(EngineCore&&) = default;
+  virtual ~EngineCore() = default;
+
+  // Backward of the loss, scaled for fp16 and gradient accumulation.
+  void backward(const torch::Tensor& loss);
+  // Ends a micro-batch. At an accumulation boundary, steps the optimizer
+  // (or skips the step on an fp16 overflow) and zeroes the gradients.
+  // Returns whether the optimizer stepped.
+  bool step();
+
+  bool is_gradient_accumulation_boundary() const;
+  double loss_scale() const { return scaler_.scale(); }
+  // Global norm of the last boundary's gradients (unscaled, before clipping).
+  double last_gradient_norm() const { return last_norm_; }
+  std::uint64_t global_steps() const { return global_steps_; }
+  std::uint64_t skipped_steps() const { return skipped_steps_; }
+  std::uint64_t micro_steps() const { return micro_steps_; }
+  // The dtype of parameters and activations (float, bf16 or half).
+  torch::Dtype compute_dtype() const;
+  const engine::EngineConfig& config() const { return config_; }
+  optim::ChunkedOptimizer& optimizer() { return *optimizer_; }
+
+ private:
+  engine::EngineConfig config_;
+  engine::LossScaler scaler_;
+  std::unique_ptr<optim::ChunkedOptimizer> optimizer_;
+  double last_norm_ = 0;
+  std::uint64_t micro_steps_ = 0;
+  std::uint64_t global_steps_ = 0;
+  std::uint64_t skipped_steps_ = 0;
+};
+
+template <typename ModuleHolder>
+class Engine : public EngineCore {
+ public:
+  Engine(ModuleHolder model, engine::EngineConfig config)
+      : EngineCore(*model, std::move(config)), model_(std::move(model)) {}
+
+  template <typename... Inputs>
+  auto forward(Inputs&&... inputs) {
+    return model_->forward(std::forward<Inputs>(inputs)...);
+  }
+  ModuleHolder& module() { return model_; }
+
+ private:
+  ModuleHolder model_;
+};
+
+// Builds an engine for `model` (a module holder such as torch::nn::Linear,
+// or a std::shared_ptr to a module). Throws std::invalid_argument naming the
+// first bad key of `config_json`.
+template <typename ModuleHolder>
+Engine<ModuleHolder> initialize(ModuleHolder model, const std::string& config_json) {
+  return Engine<ModuleHolder>(std::move(model), engine::parse_engine_config(config_json));
+}
+
+}  // namespace spillway

@@ -1,0 +1,261 @@
+// spillway-train-demo: a small GPT trained with LibTorch while spillway keeps
+// its parameters and gradients in chunks on a device budget several times too
+// small for them, so chunks leave the device and come back every step.
+//
+// It prints the loss of every step, the model data against the budget, and
+// at the end spillway's statistics (evictions, bytes moved, stall time, peak
+// reserved). With --no-spillway it trains the same model on the same data
+// without spillway and prints the same losses; --check runs both in one
+// process and compares losses and final parameters bit for bit (exit status
+// 1 on a difference), which is what the ctest and tools/gpu_check.sh run.
+//
+// The configuration comes from SPILLWAY_CONF, or else kDefaultConf: the
+// simulated GPU, because the LibTorch bridge so far computes with CPU
+// kernels on sim-device chunks (docs/torch-bridge.md).
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "allocator/runtime.h"
+#include "hooks/torch/spillway_torch.h"
+#include "tools/train_demo/trainer.h"
+#include "tracer/trace_file.h"
+
+namespace spillway::train_demo {
+namespace {
+
+// 2 MiB chunks under a 6 MiB budget (three chunks: the most one op's inputs
+// need at once), strict residency so that a missed fetch faults.
+constexpr const char* kDefaultConf =
+    "device:sim,strict_residency:true,chunk_size:2MiB,device_budget:6MiB,sim_capacity:256MiB,"
+    "policy:lru";
+
+struct DemoOptions {
+  TrainerOptions trainer;
+  int steps = 20;
+  bool no_spillway = false;
+  bool check = false;
+  std::string trace;
+  std::string dump_trace;
+  std::string optimizer = "torch-adam";
+};
+
+struct RunResult {
+  std::vector<float> losses;
+  std::vector<torch::Tensor> final_params;
+  double seconds = 0;
+};
+
+double mib(double bytes) { return bytes / 1048576.0; }
+
+nlohmann::json stats() { return nlohmann::json::parse(spillway::memory_stats_json()); }
+
+double stat(const nlohmann::json& json, const char* key) {
+  return json.contains(key) ? json.at(key).get<double>() : 0.0;
+}
+
+// SPILLWAY_CONF (or the default) with the trace key --trace asks for. A trace
+// key already in the text wins only when it names the same file.
+std::string configuration_text(const std::string& trace) {
+  const char* env = std::getenv("SPILLWAY_CONF");
+  std::string conf = env != nullptr && *env != '\0' ? env : kDefaultConf;
+  if (trace.empty()) return conf;
+  const std::string key = "trace:";
+  for (std::size_t start = 0; start <= conf.size();) {
+    std::size_t end = conf.find(',', start);
+    if (end == std::string::npos) end = conf.size();
+    const std::string item = conf.substr(start, end - start);
+    if (item.rfind(key, 0) == 0) {
+      if (item.substr(key.size()) == trace) return conf;
+      throw std::invalid_argument("--trace " + trace + " contradicts SPILLWAY_CONF's " + item);
+    }
+    start = end + 1;
+  }
+  return conf + ",trace:" + trace;
+}
+
+void print_header(const DemoOptions& demo) {
+  const GptConfig& model = demo.trainer.model;
+  std::int64_t params = 0;
+  // A model of its own, never managed or given to an optimizer (spillway's
+  // would manage it), only counted.
+  for (const auto& p : Gpt(model)->parameters()) params += p.numel();
+  fmt::print(
+      "model: GPT, {} layers, d_model {}, {} heads, vocab {}, sequence {}: {:.2f}M parameters\n",
+      model.layers, model.d_model, model.heads, model.vocab, model.sequence, params / 1e6);
+  fmt::print(
+      "task: next token of a seeded random bigram chain ({} successors per token; loss "
+      "floor about ln {} = {:.3f}, uniform guess ln {} = {:.3f})\n",
+      MarkovTask::kSuccessors, MarkovTask::kSuccessors, std::log(double(MarkovTask::kSuccessors)),
+      model.vocab, std::log(double(model.vocab)));
+  fmt::print("training: {} steps, batch {}, {} (lr {}), seed {}\n", demo.steps, demo.trainer.batch,
+             demo.optimizer, demo.trainer.learning_rate, demo.trainer.seed);
+}
+
+void print_budget(Trainer& trainer, OptimizerKind optimizer) {
+  Runtime& runtime = Runtime::process();
+  const double budget = double(runtime.active_allocator()->budget_bytes());
+  const double model_data = double(trainer.model_data_bytes());
+  fmt::print("spillway: {}\n", runtime.device().name());
+  fmt::print(
+      "model data (parameters + gradients{}) {:.1f} MiB, device budget {:.1f} MiB: {:.1f}x the "
+      "budget; chunk {:.1f} MiB\n",
+      optimizer == OptimizerKind::spillway_adam ? " + Adam state" : "", mib(model_data),
+      mib(budget), model_data / budget, mib(double(runtime.config().chunk_size)));
+}
+
+RunResult train(const DemoOptions& demo, bool managed) {
+  TrainerOptions options = demo.trainer;
+  options.manage = managed;
+  // The reference is torch's own Adam: spillway's would put the parameters
+  // into chunks itself.
+  if (!managed) options.optimizer = OptimizerKind::torch_adam;
+  Trainer trainer(options);
+  const char* label = managed ? "spillway" : "plain";
+  if (managed) print_budget(trainer, options.optimizer);
+  RunResult result;
+  nlohmann::json before = managed ? stats() : nlohmann::json::object();
+  const nlohmann::json at_start = before;
+  const auto start = std::chrono::steady_clock::now();
+  for (int step = 1; step <= demo.steps; ++step) {
+    const auto step_start = std::chrono::steady_clock::now();
+    const float loss = trainer.step();
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start)
+            .count();
+    result.losses.push_back(loss);
+    std::string moves;
+    if (managed) {
+      const nlohmann::json now = stats();
+      moves = fmt::format("  h2d {:6.1f} MiB  d2h {:6.1f} MiB  evictions {:3.0f}",
+                          mib(stat(now, "bytes_moved.h2d") - stat(before, "bytes_moved.h2d")),
+                          mib(stat(now, "bytes_moved.d2h") - stat(before, "bytes_moved.d2h")),
+                          stat(now, "evictions") - stat(before, "evictions"));
+      before = now;
+    }
+    // {} prints the shortest text that reads back as the same float, so two
+    // runs' outputs can be compared as text too.
+    fmt::print("[{}] step {:3}/{}  loss {:<11}  {:6.0f} ms{}\n", label, step, demo.steps, loss, ms,
+               moves);
+  }
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.final_params = trainer.parameter_copies();
+  fmt::print("[{}] {} steps in {:.2f} s\n", label, demo.steps, result.seconds);
+  if (managed) {
+    const nlohmann::json end = stats();
+    const auto per_step = [&](const char* key) {
+      return (stat(end, key) - stat(at_start, key)) / demo.steps;
+    };
+    fmt::print("spillway statistics (totals since activation; per training step):\n");
+    fmt::print("  evictions            {:>10.0f}   {:8.1f} / step\n", stat(end, "evictions"),
+               per_step("evictions"));
+    fmt::print("  bytes moved h2d      {:>10.1f} MiB {:6.1f} MiB / step\n",
+               mib(stat(end, "bytes_moved.h2d")), mib(per_step("bytes_moved.h2d")));
+    fmt::print("  bytes moved d2h      {:>10.1f} MiB {:6.1f} MiB / step\n",
+               mib(stat(end, "bytes_moved.d2h")), mib(per_step("bytes_moved.d2h")));
+    fmt::print("  prefetches           {:>10.0f}\n", stat(end, "prefetches"));
+    fmt::print("  stall time           {:>10.1f} ms  {:6.1f} ms / step\n",
+               stat(end, "stall_ns") / 1e6, per_step("stall_ns") / 1e6);
+    fmt::print("  peak reserved        {:>10.1f} MiB\n", mib(stat(end, "reserved_bytes.all.peak")));
+    fmt::print("  peak allocated       {:>10.1f} MiB\n",
+               mib(stat(end, "allocated_bytes.all.peak")));
+    fmt::print("  chunks on device     {:>10.1f} MiB\n", mib(stat(end, "chunk_bytes.device")));
+    fmt::print("  chunks on host       {:>10.1f} MiB\n", mib(stat(end, "chunk_bytes.host")));
+    fmt::print("  out-of-memory errors {:>10.0f}\n", stat(end, "num_ooms"));
+  }
+  return result;
+}
+
+// Bit for bit: the same float bits, and torch::equal on every parameter.
+int compare(const RunResult& plain, const RunResult& managed) {
+  int mismatches = 0;
+  for (std::size_t i = 0; i < plain.losses.size(); ++i) {
+    if (std::memcmp(&plain.losses[i], &managed.losses[i], sizeof(float)) != 0) {
+      fmt::print("check: step {} loss differs: {} without spillway, {} with\n", i + 1,
+                 plain.losses[i], managed.losses[i]);
+      ++mismatches;
+    }
+  }
+  for (std::size_t i = 0; i < plain.final_params.size(); ++i) {
+    if (!torch::equal(plain.final_params[i], managed.final_params[i])) {
+      fmt::print("check: final parameter {} differs\n", i);
+      ++mismatches;
+    }
+  }
+  if (mismatches != 0) {
+    fmt::print("check: FAILED, {} differences\n", mismatches);
+    return 1;
+  }
+  fmt::print("check: {} losses and {} final parameters bit-identical with and without spillway\n",
+             plain.losses.size(), plain.final_params.size());
+  return 0;
+}
+
+int run(const DemoOptions& demo) {
+  if (demo.no_spillway && !demo.check && demo.trainer.optimizer != OptimizerKind::torch_adam)
+    throw std::invalid_argument("--no-spillway trains with torch-adam (" + demo.optimizer +
+                                " keeps its state in spillway's chunks)");
+  if (demo.check || !demo.no_spillway) spillway::configure(configuration_text(demo.trace));
+  print_header(demo);
+  std::optional<RunResult> plain, managed;
+  if (demo.check || demo.no_spillway) plain = train(demo, /*managed=*/false);
+  if (demo.check || !demo.no_spillway) managed = train(demo, /*managed=*/true);
+  if (!demo.trace.empty() && managed) fmt::print("trace: {} (completed at exit)\n", demo.trace);
+  if (!demo.dump_trace.empty() && managed) {
+    spillway::dump_trace(demo.dump_trace);
+    // Read back, so that the ctest proves the snapshot is a complete file.
+    const TraceReadResult read = read_trace_file(demo.dump_trace);
+    if (!read.ok()) throw std::runtime_error(read.error);
+    fmt::print("trace snapshot: {}, {} events\n", demo.dump_trace, read.trace->events.size());
+  }
+  return demo.check ? compare(*plain, *managed) : 0;
+}
+
+}  // namespace
+}  // namespace spillway::train_demo
+
+int main(int argc, char** argv) {
+  using namespace spillway::train_demo;
+  DemoOptions demo;
+  GptConfig& model = demo.trainer.model;
+  CLI::App app{"spillway-train-demo: a small GPT trained with its model data in spillway's chunks"};
+  app.add_option("--steps", demo.steps, "training steps")->check(CLI::PositiveNumber);
+  app.add_option("--layers", model.layers, "transformer blocks")->check(CLI::PositiveNumber);
+  app.add_option("--d-model", model.d_model, "model width")->check(CLI::PositiveNumber);
+  app.add_option("--heads", model.heads, "attention heads (divides d_model)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--vocab", model.vocab, "vocabulary size")->check(CLI::PositiveNumber);
+  app.add_option("--seq", model.sequence, "sequence length")->check(CLI::PositiveNumber);
+  app.add_option("--batch", demo.trainer.batch, "sequences per step")->check(CLI::PositiveNumber);
+  app.add_option("--seed", demo.trainer.seed, "seed of the weights and the data");
+  app.add_option("--lr", demo.trainer.learning_rate, "learning rate");
+  app.add_option("--optimizer", demo.optimizer,
+                 "torch-adam (torch::optim::Adam) or spillway-adam (state in chunks); the "
+                 "run without spillway always uses torch-adam")
+      ->check(CLI::IsMember(optimizer_names()));
+  app.add_flag("--no-spillway", demo.no_spillway, "train without spillway (the reference)");
+  app.add_flag("--check", demo.check,
+               "train without and with spillway; exit 1 unless losses and final parameters are "
+               "bit-identical");
+  app.add_option("--trace", demo.trace,
+                 "write spillway's trace file here (the `trace` configuration key)");
+  app.add_option("--dump-trace", demo.dump_trace,
+                 "after training, write a complete snapshot of the trace so far here "
+                 "(spillway::dump_trace; needs --trace or a trace key in SPILLWAY_CONF)");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    demo.trainer.optimizer = parse_optimizer(demo.optimizer);
+    return run(demo);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "spillway-train-demo: {}\n", e.what());
+    return 2;
+  }
+}
