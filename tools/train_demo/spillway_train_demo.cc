@@ -46,6 +46,7 @@ struct DemoOptions {
   std::string trace;
   std::string dump_trace;
   std::string optimizer = "torch-adam";
+  std::string dtype = "f32";
 };
 
 struct RunResult {
@@ -96,8 +97,9 @@ void print_header(const DemoOptions& demo) {
       "floor about ln {} = {:.3f}, uniform guess ln {} = {:.3f})\n",
       MarkovTask::kSuccessors, MarkovTask::kSuccessors, std::log(double(MarkovTask::kSuccessors)),
       model.vocab, std::log(double(model.vocab)));
-  fmt::print("training: {} steps, batch {}, {} (lr {}), seed {}\n", demo.steps, demo.trainer.batch,
-             demo.optimizer, demo.trainer.learning_rate, demo.trainer.seed);
+  fmt::print("training: {} steps, batch {}, {} (lr {}), {}, seed {}\n", demo.steps,
+             demo.trainer.batch, demo.optimizer, demo.trainer.learning_rate, demo.dtype,
+             demo.trainer.seed);
 }
 
 void print_budget(Trainer& trainer, OptimizerKind optimizer) {
@@ -203,6 +205,10 @@ int run(const DemoOptions& demo) {
   if (demo.no_spillway && !demo.check && demo.trainer.optimizer != OptimizerKind::torch_adam)
     throw std::invalid_argument("--no-spillway trains with torch-adam (" + demo.optimizer +
                                 " keeps its state in spillway's chunks)");
+  if (demo.dtype == "bf16" && (demo.check || demo.no_spillway))
+    throw std::invalid_argument(
+        "--dtype bf16 trains with spillway-adam under spillway only (--check and --no-spillway "
+        "compare with torch-adam in f32)");
   if (demo.check || !demo.no_spillway) spillway::configure(configuration_text(demo.trace));
   print_header(demo);
   std::optional<RunResult> plain, managed;
@@ -241,6 +247,10 @@ int main(int argc, char** argv) {
                  "torch-adam (torch::optim::Adam) or spillway-adam (state in chunks); the "
                  "run without spillway always uses torch-adam")
       ->check(CLI::IsMember(optimizer_names()));
+  app.add_option("--dtype", demo.dtype,
+                 "f32, or bf16 (parameters, gradients and activations; fp32 master copies in "
+                 "spillway-adam, which it needs)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
   app.add_flag("--no-spillway", demo.no_spillway, "train without spillway (the reference)");
   app.add_flag("--check", demo.check,
                "train without and with spillway; exit 1 unless losses and final parameters are "
@@ -253,6 +263,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     demo.trainer.optimizer = parse_optimizer(demo.optimizer);
+    demo.trainer.dtype = demo.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;
     return run(demo);
   } catch (const std::exception& e) {
     fmt::print(stderr, "spillway-train-demo: {}\n", e.what());

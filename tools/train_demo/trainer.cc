@@ -46,6 +46,13 @@ Trainer::Trainer(const TrainerOptions& options)
       // A seed of its own, so the data does not depend on how many random
       // numbers building the model drew.
       task_(options.model.vocab, options.seed + 1) {
+  if (options.dtype != torch::kFloat) {
+    if (options.optimizer != OptimizerKind::spillway_adam)
+      throw std::invalid_argument(
+          "bf16 training needs spillway-adam (fp32 master copies); torch-adam would round "
+          "every update to bf16");
+    model_->to(options.dtype);
+  }
   if (options.manage) spillway::manage(*model_);
   optimizer_ = make_optimizer(options.optimizer, model_->parameters(), options.learning_rate);
 }
@@ -53,7 +60,8 @@ Trainer::Trainer(const TrainerOptions& options)
 float Trainer::step() {
   const Batch batch = task_.next_batch(options_.batch, options_.model.sequence);
   optimizer_->zero_grad();
-  const torch::Tensor logits = model_->forward(batch.tokens);
+  // The loss in float whatever the model's dtype (a no-op for float).
+  const torch::Tensor logits = model_->forward(batch.tokens).to(torch::kFloat);
   const torch::Tensor loss = torch::nn::functional::cross_entropy(
       logits.reshape({-1, options_.model.vocab}), batch.targets.reshape({-1}));
   loss.backward();
@@ -70,10 +78,19 @@ std::vector<torch::Tensor> Trainer::parameter_copies() {
 }
 
 std::size_t Trainer::model_data_bytes() {
+  const bool chunked_adam = options_.optimizer == OptimizerKind::spillway_adam;
   std::size_t bytes = 0;
-  const std::size_t state_copies = options_.optimizer == OptimizerKind::spillway_adam ? 2 : 0;
-  for (const torch::Tensor& param : model_->parameters())
-    bytes += param.nbytes() * (param.requires_grad() ? 2 + state_copies : 1);
+  for (const torch::Tensor& param : model_->parameters()) {
+    if (!param.requires_grad()) {
+      bytes += param.nbytes();
+      continue;
+    }
+    bytes += 2 * param.nbytes();  // the parameter and its gradient
+    if (chunked_adam) {
+      const std::size_t fp32 = param.numel() * sizeof(float);
+      bytes += 2 * fp32 + (param.scalar_type() == torch::kFloat ? 0 : fp32);
+    }
+  }
   return bytes;
 }
 

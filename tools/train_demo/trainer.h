@@ -35,6 +35,10 @@ struct TrainerOptions {
   // Put the parameters and gradients into spillway's chunks (spillway::manage)
   // before the optimizer sees them.
   bool manage = false;
+  // Parameters, gradients and activations in float or bfloat16. bf16 needs
+  // spillway_adam, which keeps an fp32 master copy of each parameter (torch's
+  // Adam would round every update to bf16); the loss is computed in float.
+  torch::Dtype dtype = torch::kFloat;
 };
 
 class Trainer {
@@ -50,7 +54,8 @@ class Trainer {
   // safe to keep after spillway moves or unmanages the originals).
   std::vector<torch::Tensor> parameter_copies();
   // What spillway keeps in chunks: parameters and gradients, and with
-  // spillway_adam the optimizer's two state tensors per parameter.
+  // spillway_adam the optimizer's two fp32 state tensors per parameter (and
+  // an fp32 master copy of a bf16 parameter).
   std::size_t model_data_bytes();
 
  private:
