@@ -1,0 +1,261 @@
+// Cost simulator: a timeline of three streams (compute, h2d, d2h) driven by
+// per-op evict/fetch lists, which come from the planner (planned, belady)
+// or are decided online (lru). See cost_simulator.h for the model.
+#include "tracer/planner/cost_simulator.h"
+
+#include <algorithm>
+#include <list>
+#include <map>
+#include <set>
+#include <unordered_map>
+
+#include "tracer/planner/planner.h"
+
+namespace spillway::plan {
+namespace {
+
+class Timeline {
+ public:
+  explicit Timeline(const CostModel& model) : model_(model) {}
+
+  void begin_step() {
+    cost_ = {};
+    step_begin_ = compute_end_;
+  }
+
+  // Runs op `op`: issues its planned copies, waits for its chunks, computes.
+  void run_op(const TracedOp& op, const OpPlan& copies) {
+    const double issue = compute_end_;
+    // The k-th fetch fills the room of the k-th eviction: it waits for that
+    // chunk's write-back only, so the two copy streams pipeline.
+    for (PlanChunk chunk : copies.write_back) {
+      const double start = std::max(issue, d2h_free_);
+      d2h_free_ = start + model_.d2h_ns(model_.chunk_size);
+      written_back_[chunk] = d2h_free_;
+      cost_.d2h_bytes += model_.chunk_size;
+    }
+    std::vector<double> room_free;
+    for (const PlannedEviction& eviction : copies.evict) {
+      if (!eviction.dirty) {
+        auto written = written_back_.find(eviction.chunk);
+        room_free.push_back(written == written_back_.end() ? issue
+                                                           : std::max(issue, written->second));
+        continue;
+      }
+      const double start = std::max(issue, d2h_free_);
+      d2h_free_ = start + model_.d2h_ns(model_.chunk_size);
+      room_free.push_back(d2h_free_);
+      cost_.d2h_bytes += model_.chunk_size;
+    }
+    std::sort(room_free.begin(), room_free.end());
+    for (std::size_t k = 0; k < copies.fetch.size(); ++k) {
+      const PlannedFetch& fetch = copies.fetch[k];
+      const double room = k < room_free.size() ? room_free[k] : issue;
+      const double start = std::max({issue, h2d_free_, room});
+      h2d_free_ = start + model_.h2d_ns(model_.chunk_size);
+      arrival_[fetch.chunk] = h2d_free_;
+      cost_.h2d_bytes += model_.chunk_size;
+    }
+    double start = compute_end_;
+    for (const ChunkUse& use : op.chunks) {
+      if (auto it = arrival_.find(use.chunk); it != arrival_.end()) {
+        start = std::max(start, it->second);
+      }
+    }
+    cost_.stall_ns += start - compute_end_;
+    compute_end_ = start + static_cast<double>(op.duration_ns);
+  }
+
+  StepCost end_step() {
+    cost_.step_ns = compute_end_ - step_begin_;
+    return cost_;
+  }
+
+ private:
+  const CostModel& model_;
+  double compute_end_ = 0;
+  double h2d_free_ = 0;
+  double d2h_free_ = 0;
+  double step_begin_ = 0;
+  std::unordered_map<PlanChunk, double> arrival_;
+  std::unordered_map<PlanChunk, double> written_back_;  // when its write-back ends
+  StepCost cost_;
+};
+
+// Online LRU: demand fetch; victims are the least recently used chunks the
+// op does not need.
+class LruResidency {
+ public:
+  OpPlan before(const TracedOp& op, std::size_t capacity) {
+    std::set<PlanChunk> needed;
+    for (const ChunkUse& use : op.chunks) needed.insert(use.chunk);
+    OpPlan copies;
+    std::vector<PlanChunk> missing;
+    for (PlanChunk chunk : needed) {
+      if (!position_.contains(chunk)) missing.push_back(chunk);
+    }
+    for (auto it = recency_.begin();
+         position_.size() + missing.size() > capacity && it != recency_.end();) {
+      if (needed.contains(*it)) {
+        ++it;
+        continue;
+      }
+      copies.evict.push_back({*it, dirty_[*it]});
+      dirty_.erase(*it);
+      position_.erase(*it);
+      it = recency_.erase(it);
+    }
+    for (PlanChunk chunk : missing) {
+      copies.fetch.push_back({chunk, 0});
+      position_[chunk] = recency_.insert(recency_.end(), chunk);
+      dirty_[chunk] = false;
+    }
+    for (const ChunkUse& use : op.chunks) {
+      recency_.splice(recency_.end(), recency_, position_[use.chunk]);
+      if (use.write) dirty_[use.chunk] = true;
+    }
+    return copies;
+  }
+
+  Residency residency() const { return Residency(dirty_.begin(), dirty_.end()); }
+
+ private:
+  std::list<PlanChunk> recency_;
+  std::map<PlanChunk, std::list<PlanChunk>::iterator> position_;
+  std::map<PlanChunk, bool> dirty_;
+};
+
+std::set<PlanChunk> all_chunks(const StepTrace& trace) {
+  std::set<PlanChunk> chunks;
+  for (const TracedOp& op : trace.ops) {
+    for (const ChunkUse& use : op.chunks) chunks.insert(use.chunk);
+  }
+  return chunks;
+}
+
+void run_lru(const StepTrace& trace, const std::vector<std::size_t>& capacity, Timeline& timeline,
+             LruResidency& lru, SimResult& result) {
+  timeline.begin_step();
+  for (std::size_t i = 0; i < trace.ops.size(); ++i) {
+    timeline.run_op(trace.ops[i], lru.before(trace.ops[i], capacity[i]));
+  }
+  result.steps.push_back(timeline.end_step());
+}
+
+void run_plan(const StepTrace& trace, const Plan& plan, Timeline& timeline, SimResult& result) {
+  timeline.begin_step();
+  for (std::size_t i = 0; i < trace.ops.size(); ++i) timeline.run_op(trace.ops[i], plan.ops[i]);
+  result.steps.push_back(timeline.end_step());
+}
+
+}  // namespace
+
+std::string_view policy_name(SimPolicy policy) {
+  switch (policy) {
+    case SimPolicy::planned:
+      return "planned";
+    case SimPolicy::lru:
+      return "lru";
+    case SimPolicy::static_residency:
+      return "static";
+    case SimPolicy::belady:
+      return "belady";
+  }
+  return "?";
+}
+
+StepCost SimResult::total() const {
+  StepCost sum;
+  for (const StepCost& step : steps) {
+    sum.h2d_bytes += step.h2d_bytes;
+    sum.d2h_bytes += step.d2h_bytes;
+    sum.stall_ns += step.stall_ns;
+    sum.step_ns += step.step_ns;
+  }
+  return sum;
+}
+
+SimResult simulate(const StepTrace& trace, const CostModel& model, SimPolicy policy,
+                   std::size_t steps, PlanOptions plan_options) {
+  SimResult result;
+  result.policy = policy;
+  try {
+    const std::vector<std::size_t> capacity = chunk_capacity(trace, model);
+    Timeline timeline(model);
+    switch (policy) {
+      case SimPolicy::static_residency: {
+        std::uint64_t peak_non_model = 0;
+        for (const TracedOp& op : trace.ops) {
+          peak_non_model = std::max(peak_non_model, op.non_model_bytes);
+        }
+        const std::uint64_t model_bytes = all_chunks(trace).size() * model.chunk_size;
+        if (model_bytes + peak_non_model + model.margin_bytes > model.device_budget) {
+          result.error = "static: " + std::to_string(model_bytes) + " bytes of chunks + " +
+                         std::to_string(peak_non_model) + " peak non-model bytes + " +
+                         std::to_string(model.margin_bytes) + " margin exceed the budget of " +
+                         std::to_string(model.device_budget) + " bytes";
+          return result;
+        }
+        const Plan nothing{std::vector<OpPlan>(trace.ops.size())};
+        for (std::size_t s = 0; s < steps; ++s) run_plan(trace, nothing, timeline, result);
+        break;
+      }
+      case SimPolicy::lru: {
+        LruResidency lru;
+        for (std::size_t s = 0; s < steps; ++s) run_lru(trace, capacity, timeline, lru, result);
+        break;
+      }
+      case SimPolicy::planned: {
+        LruResidency lru;
+        if (steps > 0) run_lru(trace, capacity, timeline, lru, result);
+        // A plan depends only on the residency it starts from, and that
+        // settles after a step or two, so plans are memoised by it.
+        std::map<Residency, Plan> plans;
+        Residency residency = lru.residency();
+        for (std::size_t s = 1; s < steps; ++s) {
+          auto found = plans.find(residency);
+          if (found == plans.end()) {
+            found =
+                plans.emplace(residency, plan_step(trace, model, residency, plan_options)).first;
+          }
+          run_plan(trace, found->second, timeline, result);
+          residency = found->second.end;
+        }
+        break;
+      }
+      case SimPolicy::belady: {
+        StepTrace run;
+        for (std::size_t s = 0; s < steps; ++s) {
+          run.ops.insert(run.ops.end(), trace.ops.begin(), trace.ops.end());
+        }
+        const Plan plan =
+            plan_step(run, model, Residency{}, PlanOptions{.cyclic = false, .prefetch_reserve = 0});
+        const std::size_t n = trace.ops.size();
+        for (std::size_t s = 0; s < steps; ++s) {
+          timeline.begin_step();
+          for (std::size_t i = 0; i < n; ++i) {
+            timeline.run_op(trace.ops[i], plan.ops[s * n + i]);
+          }
+          result.steps.push_back(timeline.end_step());
+        }
+        break;
+      }
+    }
+  } catch (const PlanError& error) {
+    result.error = error.what();
+  }
+  return result;
+}
+
+StepBound step_bound(const StepTrace& trace, const CostModel& model) {
+  StepBound bound;
+  for (const TracedOp& op : trace.ops) bound.compute_ns += static_cast<double>(op.duration_ns);
+  const Plan steady = plan_steady(trace, model, {.prefetch_reserve = 0});
+  bound.h2d_bytes = steady.h2d_bytes;
+  bound.d2h_bytes = steady.d2h_bytes;
+  bound.bound_ns =
+      std::max({bound.compute_ns, model.h2d_ns(bound.h2d_bytes), model.d2h_ns(bound.d2h_bytes)});
+  return bound;
+}
+
+}  // namespace spillway::plan

@@ -1,0 +1,235 @@
+// Planner: a Belady pass decides what is resident at every moment, then a
+// prefetch pass moves each fetch (with its victim's eviction) as early as
+// the constraints in planner.h allow. See planner.h for the why.
+#include "tracer/planner/planner.h"
+
+#include <algorithm>
+#include <iterator>
+#include <limits>
+#include <set>
+#include <string>
+
+namespace spillway::plan {
+namespace {
+
+constexpr std::size_t kNever = std::numeric_limits<std::size_t>::max();
+constexpr std::size_t kNone = std::numeric_limits<std::size_t>::max();
+
+std::string op_label(const TracedOp& op, std::size_t index) {
+  return "op #" + std::to_string(index) + " '" + op.name + "'";
+}
+
+std::vector<PlanChunk> distinct_chunks(const TracedOp& op) {
+  std::vector<PlanChunk> chunks;
+  for (const ChunkUse& use : op.chunks) chunks.push_back(use.chunk);
+  std::sort(chunks.begin(), chunks.end());
+  chunks.erase(std::unique(chunks.begin(), chunks.end()), chunks.end());
+  return chunks;
+}
+
+// Where each chunk is used, so next use is a binary search.
+class NextUse {
+ public:
+  NextUse(const StepTrace& trace, bool cyclic) : steps_(trace.ops.size()), cyclic_(cyclic) {
+    for (std::size_t i = 0; i < trace.ops.size(); ++i) {
+      for (PlanChunk chunk : distinct_chunks(trace.ops[i])) uses_[chunk].push_back(i);
+    }
+  }
+
+  // The first use after op `after`, counting the next step's as steps_ + index.
+  std::size_t after(PlanChunk chunk, std::size_t after) const {
+    auto found = uses_.find(chunk);
+    if (found == uses_.end()) return kNever;
+    const std::vector<std::size_t>& uses = found->second;
+    auto next = std::upper_bound(uses.begin(), uses.end(), after);
+    if (next != uses.end()) return *next;
+    return cyclic_ ? steps_ + uses.front() : kNever;
+  }
+
+ private:
+  std::map<PlanChunk, std::vector<std::size_t>> uses_;
+  std::size_t steps_;
+  bool cyclic_;
+};
+
+// One fetch of the Belady pass, before prefetch moves it.
+struct Miss {
+  PlanChunk chunk = 0;
+  std::size_t op = 0;
+  bool has_victim = false;
+  PlannedEviction victim;
+  std::size_t victim_last_use = kNone;  // last op before `op` that used the victim
+};
+
+}  // namespace
+
+std::vector<std::size_t> chunk_capacity(const StepTrace& trace, const CostModel& model) {
+  if (model.chunk_size == 0) throw PlanError("planner: chunk_size is 0");
+  std::vector<std::size_t> capacity;
+  capacity.reserve(trace.ops.size());
+  for (std::size_t i = 0; i < trace.ops.size(); ++i) {
+    const TracedOp& op = trace.ops[i];
+    const std::uint64_t chunk_bytes = distinct_chunks(op).size() * model.chunk_size;
+    const std::uint64_t needed = chunk_bytes + op.non_model_bytes + model.margin_bytes;
+    if (needed > model.device_budget) {
+      throw PlanError(op_label(op, i) + " needs " + std::to_string(needed) + " bytes (" +
+                      std::to_string(chunk_bytes) + " of chunks + " +
+                      std::to_string(op.non_model_bytes) + " non-model + " +
+                      std::to_string(model.margin_bytes) + " margin) but the device budget is " +
+                      std::to_string(model.device_budget) + " bytes");
+    }
+    capacity.push_back((model.device_budget - op.non_model_bytes - model.margin_bytes) /
+                       model.chunk_size);
+  }
+  return capacity;
+}
+
+Plan plan_step(const StepTrace& trace, const CostModel& model, const Residency& start,
+               PlanOptions options) {
+  const std::size_t n = trace.ops.size();
+  const std::vector<std::size_t> capacity = chunk_capacity(trace, model);
+  const NextUse next_use(trace, options.cyclic);
+  const std::size_t reserve = options.prefetch_reserve;
+  Plan plan;
+  plan.ops.resize(n);
+  plan.start = start;
+
+  // Belady pass: what leaves and what arrives at each op, and the resident
+  // count after each op's fetches.
+  Residency resident = start;
+  std::map<PlanChunk, std::size_t> last_use;                 // within this step
+  std::map<PlanChunk, std::vector<std::size_t>> shrink_ops;  // unpaired evictions, by op
+  std::vector<std::size_t> count(n, 0);
+  std::vector<Miss> misses;
+  std::vector<std::pair<std::size_t, PlannedEviction>> shrink_evictions;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::vector<PlanChunk> needed = distinct_chunks(trace.ops[i]);
+    std::vector<PlanChunk> missing;
+    for (PlanChunk chunk : needed) {
+      if (!resident.contains(chunk)) missing.push_back(chunk);
+    }
+    std::vector<PlannedEviction> victims;
+    const std::size_t planned_capacity =
+        std::max(needed.size(), capacity[i] - std::min(capacity[i], reserve));
+    while (resident.size() + missing.size() > planned_capacity) {
+      // Farthest next use leaves; on a tie a clean chunk, then the higher id.
+      auto best = resident.end();
+      std::size_t best_next = 0;
+      for (auto it = resident.begin(); it != resident.end(); ++it) {
+        if (std::binary_search(needed.begin(), needed.end(), it->first)) continue;
+        const std::size_t next = next_use.after(it->first, i);
+        if (best == resident.end() || next > best_next ||
+            (next == best_next && best->second && !it->second)) {
+          best = it;
+          best_next = next;
+        }
+      }
+      victims.push_back({best->first, best->second});
+      resident.erase(best);
+    }
+    // Pair victims with fetches; a victim beyond the fetches is a shrink
+    // (this op's non-model peak leaves fewer chunks) and stays at this op.
+    for (std::size_t m = 0; m < missing.size(); ++m) {
+      Miss miss{missing[m], i};
+      if (m < victims.size()) {
+        miss.has_victim = true;
+        miss.victim = victims[m];
+        auto used = last_use.find(victims[m].chunk);
+        if (used != last_use.end()) miss.victim_last_use = used->second;
+      }
+      misses.push_back(miss);
+      resident.emplace(missing[m], false);
+    }
+    for (std::size_t v = missing.size(); v < victims.size(); ++v) {
+      shrink_evictions.emplace_back(i, victims[v]);
+      shrink_ops[victims[v].chunk].push_back(i);
+    }
+    for (const ChunkUse& use : trace.ops[i].chunks) {
+      if (use.write) resident[use.chunk] = true;
+    }
+    for (PlanChunk chunk : needed) last_use[chunk] = i;
+    count[i] = resident.size();
+  }
+  plan.end = resident;
+
+  // Prefetch pass, in order of use (the copy stream is a FIFO).
+  for (const auto& [op, eviction] : shrink_evictions) plan.ops[op].evict.push_back(eviction);
+  std::size_t previous_issue = 0;
+  std::map<PlanChunk, std::size_t> evicted_at;  // op of the chunk's latest eviction
+  for (const Miss& miss : misses) {
+    std::size_t fetch_op = miss.op;
+    std::size_t evict_op = miss.op;
+    if (options.prefetch) {
+      std::size_t earliest = previous_issue;
+      if (auto it = evicted_at.find(miss.chunk); it != evicted_at.end()) {
+        earliest = std::max(earliest, it->second);
+      }
+      if (auto it = shrink_ops.find(miss.chunk); it != shrink_ops.end()) {
+        for (std::size_t op : it->second) {
+          if (op < miss.op) earliest = std::max(earliest, op);
+        }
+      }
+      earliest = std::min(earliest, miss.op);
+      // The victim leaves once its last use is over; the fetch may start
+      // sooner where the moments in between have a chunk to spare (the
+      // prefetch reserve keeps some).
+      evict_op = earliest;
+      if (miss.has_victim && miss.victim_last_use != kNone) {
+        evict_op = std::min(std::max(evict_op, miss.victim_last_use + 1), miss.op);
+      }
+      if (!miss.has_victim) evict_op = miss.op;
+      fetch_op = evict_op;
+      while (fetch_op > earliest && count[fetch_op - 1] + 1 <= capacity[fetch_op - 1]) --fetch_op;
+      for (std::size_t k = fetch_op; k < evict_op; ++k) ++count[k];
+    }
+    previous_issue = fetch_op;
+    if (miss.has_victim) {
+      plan.ops[evict_op].evict.push_back(miss.victim);
+      evicted_at[miss.victim.chunk] = evict_op;
+    }
+    plan.ops[fetch_op].fetch.push_back({miss.chunk, miss.op});
+  }
+
+  // Write-backs move to just after the chunk's last write before its
+  // eviction (the step's start when it came dirty from the previous step).
+  std::map<PlanChunk, std::vector<std::size_t>> writes;
+  for (std::size_t i = 0; i < n; ++i) {
+    for (const ChunkUse& use : trace.ops[i].chunks) {
+      if (use.write && (writes[use.chunk].empty() || writes[use.chunk].back() != i)) {
+        writes[use.chunk].push_back(i);
+      }
+    }
+  }
+  for (std::size_t j = 0; j < n; ++j) {
+    for (PlannedEviction& eviction : plan.ops[j].evict) {
+      if (!eviction.dirty) continue;
+      std::size_t at = 0;
+      if (auto it = writes.find(eviction.chunk); it != writes.end()) {
+        auto after = std::lower_bound(it->second.begin(), it->second.end(), j);
+        if (after != it->second.begin()) at = *std::prev(after) + 1;
+      }
+      plan.ops[at].write_back.push_back(eviction.chunk);
+      plan.d2h_bytes += model.chunk_size;
+      eviction.dirty = false;
+    }
+  }
+
+  for (const OpPlan& op : plan.ops) {
+    plan.fetches += op.fetch.size();
+    plan.evictions += op.evict.size();
+  }
+  plan.h2d_bytes = plan.fetches * model.chunk_size;
+  return plan;
+}
+
+Plan plan_steady(const StepTrace& trace, const CostModel& model, PlanOptions options) {
+  Plan plan = plan_step(trace, model, Residency{}, options);
+  // Belady from two starts converges within a step or two on a repeating
+  // sequence; the bound only guards against a cycle between residencies.
+  for (int round = 0; round < 8 && plan.end != plan.start; ++round) {
+    plan = plan_step(trace, model, plan.end, options);
+  }
+  return plan;
+}
+
+}  // namespace spillway::plan
