@@ -102,7 +102,10 @@ TEST(SimDevice, DelayedCopyIsVisiblyLateWithoutAWait) {
   ASSERT_EQ(device.record_event(done, Stream{}), Status::ok);
   // No gate here: the injected delay alone makes the early read wrong.
   EXPECT_EQ(device.query_event(done), Status::not_ready);
+#if !defined(__SANITIZE_THREAD__)
+  // A read racing the copy on purpose (TSan would rightly report it).
   EXPECT_EQ(destination[0], 0x00);
+#endif
   ASSERT_EQ(device.synchronize_event(done), Status::ok);
   EXPECT_EQ(destination, source);
   EXPECT_EQ(device.destroy_event(done), Status::ok);
@@ -123,9 +126,13 @@ TEST(SimDevice, ModelledCopyDeliversTheTailLast) {
   ASSERT_EQ(device.copy_async(block, source.data(), bytes, Stream{}), Status::ok);
   ASSERT_EQ(device.record_event(done, Stream{}), Status::ok);
   const auto* bytes_on_device = static_cast<const volatile unsigned char*>(block);
+#if !defined(__SANITIZE_THREAD__)
+  // Reading while the copy runs is the race this test exists to show; TSan
+  // rightly reports it, so under TSan only the delivery is checked.
   if (device.query_event(done) == Status::not_ready) {
     EXPECT_EQ(bytes_on_device[bytes - 1], 0x00);
   }
+#endif
   ASSERT_EQ(device.synchronize_event(done), Status::ok);
   EXPECT_EQ(bytes_on_device[bytes - 1], 0x42);
   EXPECT_EQ(device.destroy_event(done), Status::ok);
