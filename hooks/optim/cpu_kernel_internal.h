@@ -1,5 +1,5 @@
 // Internals shared by the CPU optimizer kernel variants (scalar, AVX2, AVX-512):
-// the per-step scalars each step is reduced to, the table of one variant's
+// the per-step scalars each step is reduced to (update_scalars.h), the table of one variant's
 // range functions, and the portable bf16/fp16 conversions.
 //
 // Note [ISA-specific code and ODR]
@@ -17,34 +17,9 @@
 #include <cstring>
 
 #include "hooks/optim/cpu_kernels.h"
+#include "hooks/optim/update_scalars.h"
 
 namespace spillway::optim::cpu::detail {
-
-// Adam's per-step scalars, already rounded to float where torch rounds them.
-struct AdamScalars {
-  float grad_scale;
-  bool l2_weight_decay;  // Adam: grad += weight_decay * param
-  float weight_decay;
-  bool decoupled_decay;  // AdamW: param *= decay_factor
-  float decay_factor;    // 1 - lr * weight_decay
-  float beta1, one_minus_beta1;
-  float beta2, one_minus_beta2;
-  float sqrt_bias_correction2;
-  float eps;
-  float neg_step_size;  // -lr / bias_correction1
-};
-
-struct SgdScalars {
-  float grad_scale;
-  bool has_weight_decay;
-  float weight_decay;
-  bool has_momentum;
-  float momentum;
-  float one_minus_dampening;
-  bool nesterov;
-  bool first_step;
-  float neg_lr;
-};
 
 // One variant's kernels over the element range [begin, end) of whole arrays.
 struct KernelTable {

@@ -98,12 +98,16 @@ void for_each_range(std::size_t count, int threads, const RangeFn& range_fn) {
   for (std::thread& worker : workers) worker.join();
 }
 
-detail::AdamScalars adam_scalars(const AdamConfig& config) {
+}  // namespace
+
+namespace detail {
+
+AdamScalars adam_scalars(const AdamConfig& config) {
   // As torch: bias corrections and step size in double, then float per kernel.
   const double step = static_cast<double>(config.step);
   const double bias_correction1 = 1.0 - std::pow(config.beta1, step);
   const double bias_correction2 = 1.0 - std::pow(config.beta2, step);
-  detail::AdamScalars s{};
+  AdamScalars s{};
   s.grad_scale = config.grad_scale;
   s.l2_weight_decay = !config.decoupled_weight_decay && config.weight_decay != 0.0;
   s.weight_decay = static_cast<float>(config.weight_decay);
@@ -119,8 +123,8 @@ detail::AdamScalars adam_scalars(const AdamConfig& config) {
   return s;
 }
 
-detail::SgdScalars sgd_scalars(const SgdConfig& config) {
-  detail::SgdScalars s{};
+SgdScalars sgd_scalars(const SgdConfig& config) {
+  SgdScalars s{};
   s.grad_scale = config.grad_scale;
   s.has_weight_decay = config.weight_decay != 0.0;
   s.weight_decay = static_cast<float>(config.weight_decay);
@@ -133,7 +137,7 @@ detail::SgdScalars sgd_scalars(const SgdConfig& config) {
   return s;
 }
 
-}  // namespace
+}  // namespace detail
 
 const char* isa_name(Isa isa) {
   switch (isa) {
@@ -233,7 +237,7 @@ bool grads_have_inf_or_nan(const void* grads, DType grad_dtype, std::size_t coun
 void adam_step(const AdamArrays& arrays, const AdamConfig& config, const ExecConfig& exec) {
   if (arrays.count == 0) return;
   const detail::KernelTable& kernels = kernels_for(exec.isa);
-  const detail::AdamScalars scalars = adam_scalars(config);
+  const detail::AdamScalars scalars = detail::adam_scalars(config);
   for_each_range(
       arrays.count, thread_count_for(arrays.count, exec.num_threads),
       [&](std::size_t begin, std::size_t end) { kernels.adam(arrays, scalars, begin, end); });
@@ -242,7 +246,7 @@ void adam_step(const AdamArrays& arrays, const AdamConfig& config, const ExecCon
 void sgd_step(const SgdArrays& arrays, const SgdConfig& config, const ExecConfig& exec) {
   if (arrays.count == 0) return;
   const detail::KernelTable& kernels = kernels_for(exec.isa);
-  const detail::SgdScalars scalars = sgd_scalars(config);
+  const detail::SgdScalars scalars = detail::sgd_scalars(config);
   for_each_range(
       arrays.count, thread_count_for(arrays.count, exec.num_threads),
       [&](std::size_t begin, std::size_t end) { kernels.sgd(arrays, scalars, begin, end); });

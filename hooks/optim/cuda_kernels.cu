@@ -2,6 +2,7 @@
 // contract and Note [Torch operation order] in cpu_kernel_loops.inc for the
 // order of roundings both follow.
 #include "hooks/optim/cuda_kernels.h"
+#include "hooks/optim/update_scalars.h"
 
 #include <cmath>
 #include <cstdint>
@@ -16,51 +17,12 @@ namespace {
 
 using cpu::DType;
 
-// Per-step scalars, rounded to float as cpu_kernels.cc rounds them.
-struct AdamScalars {
-  float grad_scale, weight_decay, decay_factor, beta1, one_minus_beta1, beta2, one_minus_beta2,
-      sqrt_bias_correction2, eps, neg_step_size;
-  bool l2_weight_decay, decoupled_decay;
-};
-
-struct SgdScalars {
-  float grad_scale, weight_decay, momentum, one_minus_dampening, neg_lr;
-  bool has_weight_decay, has_momentum, nesterov, first_step;
-};
-
-AdamScalars adam_scalars(const cpu::AdamConfig& config) {
-  const double step = static_cast<double>(config.step);
-  const double bias_correction1 = 1.0 - std::pow(config.beta1, step);
-  const double bias_correction2 = 1.0 - std::pow(config.beta2, step);
-  AdamScalars s{};
-  s.grad_scale = config.grad_scale;
-  s.l2_weight_decay = !config.decoupled_weight_decay && config.weight_decay != 0.0;
-  s.weight_decay = static_cast<float>(config.weight_decay);
-  s.decoupled_decay = config.decoupled_weight_decay && config.weight_decay != 0.0;
-  s.decay_factor = static_cast<float>(1.0 - config.lr * config.weight_decay);
-  s.beta1 = static_cast<float>(config.beta1);
-  s.one_minus_beta1 = static_cast<float>(1.0 - config.beta1);
-  s.beta2 = static_cast<float>(config.beta2);
-  s.one_minus_beta2 = static_cast<float>(1.0 - config.beta2);
-  s.sqrt_bias_correction2 = static_cast<float>(std::sqrt(bias_correction2));
-  s.eps = static_cast<float>(config.eps);
-  s.neg_step_size = static_cast<float>(-(config.lr / bias_correction1));
-  return s;
-}
-
-SgdScalars sgd_scalars(const cpu::SgdConfig& config) {
-  SgdScalars s{};
-  s.grad_scale = config.grad_scale;
-  s.has_weight_decay = config.weight_decay != 0.0;
-  s.weight_decay = static_cast<float>(config.weight_decay);
-  s.has_momentum = config.momentum != 0.0;
-  s.momentum = static_cast<float>(config.momentum);
-  s.one_minus_dampening = static_cast<float>(1.0 - config.dampening);
-  s.nesterov = config.nesterov;
-  s.first_step = config.first_step;
-  s.neg_lr = static_cast<float>(-1 * config.lr);
-  return s;
-}
+// The same per-step scalars as the CPU kernels (update_scalars.h), so both
+// round where torch rounds.
+using cpu::detail::adam_scalars;
+using cpu::detail::AdamScalars;
+using cpu::detail::sgd_scalars;
+using cpu::detail::SgdScalars;
 
 // Element types as stored: bf16 and fp16 are raw 16-bit patterns.
 struct Bf16 {
