@@ -216,13 +216,14 @@ class ChunkManager::Candidates final : public EvictionCandidates {
 };
 
 ChunkManager::ChunkManager(Device& device, CachingAllocator& allocator, ChunkManagerOptions options,
-                           std::unique_ptr<EvictionPolicy> policy)
+                           std::unique_ptr<EvictionPolicy> policy, TraceSink* trace)
     : device_(device),
       allocator_(allocator),
       options_(options),
       host_pool_(device, options.host_budget_bytes),
       policy_(policy ? std::move(policy) : std::make_unique<LruPolicy>()),
-      device_budget_bytes_(options.device_budget_bytes) {
+      device_budget_bytes_(options.device_budget_bytes),
+      trace_(trace) {
   if (device_.create_stream(&fetch_stream_) != Status::ok ||
       device_.create_stream(&writeback_stream_) != Status::ok) {
     // Moves then run on the default stream: correct, just without overlap.
@@ -306,6 +307,7 @@ Status ChunkManager::acquire(TensorId id, Stream stream, void** device_ptr, Acce
     Chunk& chunk = *find_chunk_locked(tensor->chunk);
     chunk.fetch_pending = false;
     count_locked(chunk, [&](ChunkStats& s) { s.stall_ns += stalled; });
+    trace_chunk_locked(TraceEventKind::stall, chunk, static_cast<std::uint64_t>(stalled));
   }
   return Status::ok;
 }
@@ -394,6 +396,7 @@ Status ChunkManager::acquire_host(TensorId id, void** host_ptr, AccessMode acces
     chunk.writeback_pending = false;
     if (access == AccessMode::read_write) chunk.fetch_pending = false;
     count_locked(chunk, [&](ChunkStats& s) { s.stall_ns += stalled; });
+    trace_chunk_locked(TraceEventKind::stall, chunk, static_cast<std::uint64_t>(stalled));
   }
   return Status::ok;
 }
@@ -534,6 +537,8 @@ Status ChunkManager::fetch_locked(Chunk& chunk, bool is_prefetch, const TensorRe
     ++s.fetches;
     if (is_prefetch) ++s.prefetches;
   });
+  trace_chunk_locked(TraceEventKind::chunk_fetch, chunk, chunk.used_bytes,
+                     is_prefetch ? kTraceDetailPrefetch : 0);
   notify_locked(chunk);
   return Status::ok;
 }
@@ -598,7 +603,7 @@ Status ChunkManager::evict_locked(Chunk& chunk) {
   if (chunk.dirty()) {
     if (Status status = write_back_locked(chunk); status != Status::ok) return status;
   }
-  drop_device_copy_locked(chunk);
+  drop_device_copy_locked(chunk, kTraceDetailEviction);
   count_locked(chunk, [](ChunkStats& s) { ++s.evictions; });
   notify_locked(chunk);
   return Status::ok;
@@ -630,12 +635,13 @@ Status ChunkManager::write_back_locked(Chunk& chunk) {
     s.bytes_moved_d2h += static_cast<std::int64_t>(chunk.used_bytes);
     ++s.writebacks;
   });
+  trace_chunk_locked(TraceEventKind::chunk_writeback, chunk, chunk.used_bytes);
   return Status::ok;
 }
 
 // Gives the device copy back to the allocator, fenced after its users
 // (Note [Reuse fences]). The bytes must be current on the host (or not matter).
-void ChunkManager::drop_device_copy_locked(Chunk& chunk) {
+void ChunkManager::drop_device_copy_locked(Chunk& chunk, std::uint16_t trace_detail) {
   for (StreamUse& use : chunk.stream_uses) {
     if (use.pending) device_.wait_event(writeback_stream_, use.last_release);
     use.pending = false;
@@ -657,6 +663,7 @@ void ChunkManager::drop_device_copy_locked(Chunk& chunk) {
   count_locked(chunk, [&](ChunkStats& s) {
     s.chunk_bytes_device -= static_cast<std::int64_t>(chunk.capacity);
   });
+  trace_chunk_locked(TraceEventKind::chunk_drop, chunk, chunk.capacity, trace_detail);
 }
 
 // Note [Reuse fences]: the fetch stream waits for every fence on [data,
@@ -821,6 +828,41 @@ void ChunkManager::count_locked(const Chunk& chunk, Update update) {
   update(stats_);
   auto client = clients_.find(chunk.client);
   if (client != clients_.end()) update(client->second.stats);
+}
+
+// Recorded under the lock, as the allocator does, so the trace's order is the
+// order of effects (Note [Trace order] in trace_recorder.h): a chunk's fetch
+// follows the alloc of its device copy.
+void ChunkManager::trace_chunk_locked(TraceEventKind kind, const Chunk& chunk, std::uint64_t size,
+                                      std::uint16_t detail) {
+  if (trace_ == nullptr) return;
+  TraceEvent event;
+  event.time_ns = device_.now_ns();
+  event.kind = kind;
+  event.stream = chunk.capacity;
+  event.address = static_cast<std::uint64_t>(chunk.id);
+  event.size = size;
+  event.detail = detail;
+  event.client = static_cast<std::uint32_t>(chunk.client);
+  trace_->record(event);
+}
+
+std::uint64_t ChunkManager::end_step() {
+  std::lock_guard lock(mutex_);
+  const std::uint64_t step = ++steps_ended_;
+  if (trace_ != nullptr) {
+    TraceEvent event;
+    event.time_ns = device_.now_ns();
+    event.kind = TraceEventKind::step;
+    event.address = step;
+    trace_->record(event);
+  }
+  return step;
+}
+
+std::uint64_t ChunkManager::steps_ended() const {
+  std::lock_guard lock(mutex_);
+  return steps_ended_;
 }
 
 ChunkStats ChunkManager::stats() const {

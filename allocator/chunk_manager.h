@@ -41,6 +41,7 @@
 #include "allocator/eviction_policy.h"
 #include "allocator/host_pool.h"
 #include "allocator/pressure_handler.h"
+#include "tracer/trace_event.h"
 
 namespace spillway {
 
@@ -70,10 +71,11 @@ class ChunkManager final : public PressureHandler {
  public:
   // Registers itself as a pressure handler of `allocator` until destroyed.
   // `policy` null: LRU. Device payloads come from `allocator`; host payloads
-  // from a HostPool of the manager's own. `device` and `allocator` must
-  // outlive the manager.
+  // from a HostPool of the manager's own. Chunk moves, stalls and step
+  // boundaries go to `trace` when set (docs/trace-format.md, version 2).
+  // `device`, `allocator` and `trace` must outlive the manager.
   ChunkManager(Device& device, CachingAllocator& allocator, ChunkManagerOptions options,
-               std::unique_ptr<EvictionPolicy> policy = nullptr);
+               std::unique_ptr<EvictionPolicy> policy = nullptr, TraceSink* trace = nullptr);
   // Waits for moves in flight and frees every chunk on both sides.
   ~ChunkManager() override;
 
@@ -136,6 +138,11 @@ class ChunkManager final : public PressureHandler {
   // Waits for every move in flight.
   void synchronize();
 
+  // The iteration boundary (spillway::step(), optimizers): counted, and
+  // recorded in the trace. Returns the number of the step that ended, from 1.
+  std::uint64_t end_step();
+  std::uint64_t steps_ended() const;
+
   // Cap on resident chunk capacity; lowering it evicts down to it now, as
   // far as chunks not in use allow.
   void set_device_budget_bytes(std::size_t bytes);
@@ -195,7 +202,8 @@ class ChunkManager final : public PressureHandler {
   bool evict_one_locked();
   Status evict_locked(Chunk& chunk);
   Status write_back_locked(Chunk& chunk);
-  void drop_device_copy_locked(Chunk& chunk);
+  // `trace_detail`: kTraceDetailEviction when evicted for room.
+  void drop_device_copy_locked(Chunk& chunk, std::uint16_t trace_detail = 0);
   void wait_for_reuse_fences_locked(void* data, std::size_t bytes);
   Event take_event_locked();
   Status materialize_locked(Chunk& chunk);
@@ -215,6 +223,9 @@ class ChunkManager final : public PressureHandler {
   void notify_locked(const Chunk& chunk);
   template <typename Update>
   void count_locked(const Chunk& chunk, Update update);
+  // A chunk event for the trace (no-op without one); see trace_event.h.
+  void trace_chunk_locked(TraceEventKind kind, const Chunk& chunk, std::uint64_t size,
+                          std::uint16_t detail = 0);
   std::string tensor_label_locked(const TensorRecord& tensor) const;
   std::string chunk_label_locked(const Chunk& chunk) const;
   std::string describe_in_use_locked() const;
@@ -247,6 +258,8 @@ class ChunkManager final : public PressureHandler {
   std::vector<ChunkObserver*> observers_;
   std::vector<TensorAddress> moved_scratch_;  // reused by notify_locked
   ChunkStats stats_;
+  TraceSink* const trace_;
+  std::uint64_t steps_ended_ = 0;
 };
 
 }  // namespace spillway

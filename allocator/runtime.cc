@@ -172,9 +172,9 @@ bool Runtime::build() {
   options.budget_bytes = budget;
   options.large_slab_bytes = config_.chunk_size;
   owned_allocator_ = std::make_unique<CachingAllocator>(*device_, options, recorder_.get());
-  chunk_manager_ = std::make_unique<ChunkManager>(*device_, *owned_allocator_,
-                                                  ChunkManagerOptions::from_config(config_),
-                                                  make_eviction_policy(config_.policy));
+  chunk_manager_ = std::make_unique<ChunkManager>(
+      *device_, *owned_allocator_, ChunkManagerOptions::from_config(config_),
+      make_eviction_policy(config_.policy), recorder_.get());
   SPILLWAY_LOG(info, "active on {}: budget {} bytes, chunk size {} bytes{}{}", device_->name(),
                budget, config_.chunk_size, config_.trace.empty() ? "" : ", tracing to ",
                config_.trace);

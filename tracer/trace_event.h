@@ -1,5 +1,5 @@
-// Trace events: what the allocator (and, later, the hooks and chunk manager)
-// report to a recorder. Plain ids and sizes only, no device handles, so the
+// Trace events: what the allocator, the chunk manager and the hooks report to
+// a recorder. Plain ids and sizes only, no device handles, so the
 // tracer stays below the allocator in the layering (design section 1).
 #pragma once
 
@@ -13,14 +13,36 @@ enum class TraceEventKind : std::uint8_t {
   segment_alloc = 3,  // a slab or segment taken from the device
   segment_free = 4,   // a slab or segment returned to the device
   oom = 5,            // a request that failed; size is what was asked
+  // Format version 2 (docs/trace-format.md): chunk moves and step boundaries.
+  // For these, `address` is the chunk id (or the step number) and `stream`
+  // holds the chunk's capacity; see the field comments below.
+  chunk_fetch = 6,      // host-to-device copy queued; size: bytes copied
+  chunk_writeback = 7,  // device-to-host copy queued; size: bytes copied
+  chunk_drop = 8,       // device copy given back; size: its capacity
+  stall = 9,            // the host waited for chunk moves; size: nanoseconds
+  step = 10,            // iteration boundary; address: the step just finished
 };
+
+// TraceEvent::detail of chunk_fetch and chunk_drop.
+inline constexpr std::uint16_t kTraceDetailPrefetch = 1;  // chunk_fetch: started by prefetch()
+inline constexpr std::uint16_t kTraceDetailEviction = 1;  // chunk_drop: evicted for room
+
+// The largest kind each format version knows.
+inline constexpr TraceEventKind kLastTraceEventKindV1 = TraceEventKind::oom;
+inline constexpr TraceEventKind kLastTraceEventKind = TraceEventKind::step;
 
 struct TraceEvent {
   std::uint64_t time_ns = 0;  // Device::now_ns()
   TraceEventKind kind = TraceEventKind::alloc;
-  std::uint64_t stream = 0;  // the stream handle as an integer (0: default stream)
-  std::uint64_t address = 0;
+  // Allocator events: the stream handle as an integer (0: default stream).
+  // Chunk events: the chunk's capacity in bytes.
+  std::uint64_t stream = 0;
+  std::uint64_t address = 0;  // block or segment; chunk id; step number
   std::uint64_t size = 0;
+  // Last, so that {time, kind, stream, address, size} still initializes the
+  // allocator's events.
+  std::uint16_t detail = 0;  // chunk events: kTraceDetail*; zero otherwise
+  std::uint32_t client = 0;  // chunk and stall events: the ClientId; zero otherwise
 };
 
 // Where events go. Implementations must be thread-safe: the allocator calls

@@ -1,4 +1,4 @@
-// Trace file version 1: writer and validating reader. Layout: trace_file.h
+// Trace file (versions 1 and 2): writer and validating reader. Layout: trace_file.h
 // and docs/trace-format.md (keep the two in step with the offsets below).
 #include "tracer/trace_file.h"
 
@@ -25,8 +25,9 @@ constexpr std::size_t kReservedOffset = 36;
 // Record offsets.
 constexpr std::size_t kRecordTimeOffset = 0;
 constexpr std::size_t kRecordKindOffset = 8;
-constexpr std::size_t kRecordReserved16Offset = 10;
-constexpr std::size_t kRecordReserved32Offset = 12;
+// Reserved (zero) in version 1; version 2's detail and client.
+constexpr std::size_t kRecordDetailOffset = 10;
+constexpr std::size_t kRecordClientOffset = 12;
 constexpr std::size_t kRecordStreamOffset = 16;
 constexpr std::size_t kRecordAddressOffset = 24;
 constexpr std::size_t kRecordSizeFieldOffset = 32;
@@ -98,10 +99,13 @@ std::string encode_header(const TraceMetadata& metadata) {
 }
 
 void encode_record(unsigned char* out, std::uint64_t time_ns, std::uint16_t kind,
-                   std::uint64_t stream, std::uint64_t address, std::uint64_t size) {
+                   std::uint64_t stream, std::uint64_t address, std::uint64_t size,
+                   std::uint16_t detail = 0, std::uint32_t client = 0) {
   std::memset(out, 0, kTraceRecordBytes);
   store_le(out + kRecordTimeOffset, time_ns, 8);
   store_le(out + kRecordKindOffset, kind, 2);
+  store_le(out + kRecordDetailOffset, detail, 2);
+  store_le(out + kRecordClientOffset, client, 4);
   store_le(out + kRecordStreamOffset, stream, 8);
   store_le(out + kRecordAddressOffset, address, 8);
   store_le(out + kRecordSizeFieldOffset, size, 8);
@@ -119,17 +123,20 @@ void encode_end_record(unsigned char* out, std::uint64_t end_time_ns, std::uint6
   store_le(out + kRecordSizeFieldOffset, crc, 8);
 }
 
-bool is_v1_event_kind(std::uint64_t kind) {
-  if (kind > 0xFF) return false;  // TraceEventKind is one byte; the field is two
-  switch (static_cast<TraceEventKind>(kind)) {
-    case TraceEventKind::alloc:
-    case TraceEventKind::free:
-    case TraceEventKind::segment_alloc:
-    case TraceEventKind::segment_free:
-    case TraceEventKind::oom:
-      return true;
-  }
-  return false;
+void encode_event(unsigned char* out, const TraceEvent& e) {
+  encode_record(out, e.time_ns, static_cast<std::uint16_t>(e.kind), e.stream, e.address, e.size,
+                e.detail, e.client);
+}
+
+// Kinds are numbered densely from 1; each version knows a prefix of them.
+bool is_event_kind_of_version(std::uint64_t kind, std::uint64_t version) {
+  const TraceEventKind last = version == 1 ? kLastTraceEventKindV1 : kLastTraceEventKind;
+  return kind >= 1 && kind <= static_cast<std::uint64_t>(last);
+}
+
+// Allocator events carry no detail or client, in any version.
+bool is_allocator_event_kind(std::uint64_t kind) {
+  return kind <= static_cast<std::uint64_t>(kLastTraceEventKindV1);
 }
 
 std::string hex32(std::uint64_t v) {
@@ -198,8 +205,7 @@ bool TraceFileWriter::write(std::span<const TraceEvent> events) {
     const std::size_t count = std::min(kBlockRecords, events.size() - done);
     for (std::size_t i = 0; i < count; ++i) {
       const TraceEvent& e = events[done + i];
-      encode_record(block + i * kTraceRecordBytes, e.time_ns, static_cast<std::uint16_t>(e.kind),
-                    e.stream, e.address, e.size);
+      encode_event(block + i * kTraceRecordBytes, e);
     }
     const std::size_t bytes = count * kTraceRecordBytes;
     if (!write_bytes(block, bytes)) return false;
@@ -238,8 +244,7 @@ std::string encode_trace(const TraceMetadata& metadata, std::span<const TraceEve
   auto* records = reinterpret_cast<unsigned char*>(out.data()) + records_start;
   for (std::size_t i = 0; i < events.size(); ++i) {
     const TraceEvent& e = events[i];
-    encode_record(records + i * kTraceRecordBytes, e.time_ns, static_cast<std::uint16_t>(e.kind),
-                  e.stream, e.address, e.size);
+    encode_event(records + i * kTraceRecordBytes, e);
   }
   const std::size_t event_bytes = events.size() * kTraceRecordBytes;
   encode_end_record(records + event_bytes, end_time_ns, events.size(),
@@ -270,12 +275,13 @@ TraceReadResult parse_trace(std::string_view bytes, TraceReadOptions options) {
                                   "-byte fixed header (truncated)");
 
   const std::uint64_t version = load_le(data + kVersionOffset, 4);
-  if (version != kTraceFormatVersion) {
+  if (version < kOldestTraceFormatVersion || version > kTraceFormatVersion) {
     return fail_at(kVersionOffset,
                    "trace format version " + std::to_string(version) +
                        (version > kTraceFormatVersion ? " is newer than" : " is not") +
-                       " the version this reader supports (" + std::to_string(kTraceFormatVersion) +
-                       ")");
+                       " a version this reader supports (" +
+                       std::to_string(kOldestTraceFormatVersion) + " to " +
+                       std::to_string(kTraceFormatVersion) + ")");
   }
   const std::uint64_t header_size = load_le(data + kHeaderSizeOffset, 4);
   const std::uint64_t record_size = load_le(data + kRecordSizeOffset, 4);
@@ -283,8 +289,8 @@ TraceReadResult parse_trace(std::string_view bytes, TraceReadOptions options) {
   const std::uint64_t metadata_count = load_le(data + kMetadataCountOffset, 4);
   if (record_size != kTraceRecordBytes)
     return fail_at(kRecordSizeOffset, "record size " + std::to_string(record_size) +
-                                          " (version 1 records are " +
-                                          std::to_string(kTraceRecordBytes) + " bytes)");
+                                          " (records are " + std::to_string(kTraceRecordBytes) +
+                                          " bytes)");
   if (metadata_size > kMaxMetadataBytes)
     return fail_at(kMetadataSizeOffset,
                    "metadata size " + std::to_string(metadata_size) + " exceeds the 1 MiB limit");
@@ -294,7 +300,7 @@ TraceReadResult parse_trace(std::string_view bytes, TraceReadOptions options) {
                        std::to_string(metadata_size) + " (expected " +
                        std::to_string(align8(kTraceFixedHeaderBytes + metadata_size)) + ")");
   if (load_le(data + kFlagsOffset, 4) != 0)
-    return fail_at(kFlagsOffset, "flags are not zero (version 1 defines no flags)");
+    return fail_at(kFlagsOffset, "flags are not zero (no version defines flags)");
   if (load_le(data + kReservedOffset, 4) != 0)
     return fail_at(kReservedOffset, "reserved header field is not zero");
   if (file_size < header_size)
@@ -355,9 +361,12 @@ TraceReadResult parse_trace(std::string_view bytes, TraceReadOptions options) {
                                     std::to_string(offset) + " (truncated)");
     const unsigned char* r = data + offset;
     const std::uint64_t kind = load_le(r + kRecordKindOffset, 2);
-    if (load_le(r + kRecordReserved16Offset, 2) != 0 ||
-        load_le(r + kRecordReserved32Offset, 4) != 0)
-      return fail_at(offset + kRecordReserved16Offset,
+    const std::uint64_t detail = load_le(r + kRecordDetailOffset, 2);
+    const std::uint64_t client = load_le(r + kRecordClientOffset, 4);
+    const bool has_detail_fields =
+        version >= 2 && kind != kTraceEndRecordKind && !is_allocator_event_kind(kind);
+    if (!has_detail_fields && (detail != 0 || client != 0))
+      return fail_at(offset + kRecordDetailOffset,
                      "reserved bytes of the record are not zero (corrupt record)");
     if (kind == kTraceEndRecordKind) {
       const std::uint64_t count = load_le(r + kRecordAddressOffset, 8);
@@ -381,15 +390,18 @@ TraceReadResult parse_trace(std::string_view bytes, TraceReadOptions options) {
       contents.end_time_ns = load_le(r + kRecordTimeOffset, 8);
       break;
     }
-    if (!is_v1_event_kind(kind))
-      return fail_at(offset + kRecordKindOffset,
-                     "unknown event kind " + std::to_string(kind) + " for format version 1");
+    if (!is_event_kind_of_version(kind, version))
+      return fail_at(offset + kRecordKindOffset, "unknown event kind " + std::to_string(kind) +
+                                                     " for format version " +
+                                                     std::to_string(version));
     TraceEvent event;
     event.time_ns = load_le(r + kRecordTimeOffset, 8);
     event.kind = static_cast<TraceEventKind>(kind);
     event.stream = load_le(r + kRecordStreamOffset, 8);
     event.address = load_le(r + kRecordAddressOffset, 8);
     event.size = load_le(r + kRecordSizeFieldOffset, 8);
+    event.detail = static_cast<std::uint16_t>(detail);
+    event.client = static_cast<std::uint32_t>(client);
     contents.events.push_back(event);
     records_crc = crc32_update(records_crc, r, kTraceRecordBytes);
     offset += kTraceRecordBytes;

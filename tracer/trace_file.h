@@ -1,4 +1,4 @@
-// Trace file, format version 1: the binary file behind the `trace` option,
+// Trace file, format version 2: the binary file behind the `trace` option,
 // read by spillway-replay and spillway-report. Layout in docs/trace-format.md.
 //
 // Design summary:
@@ -14,8 +14,11 @@
 //    than returning a silently short trace (see TraceReadOptions).
 //  - Reading never throws and never trusts a length before checking it: every
 //    rejection is an error string that names the byte offset.
-//  - Later versions add event kinds (op, chunk, step events) by bumping the
-//    version; a version-1 reader rejects any kind it does not know.
+//  - Version 2 added chunk moves, stalls and step boundaries (new kinds, and
+//    the record's two reserved fields became `detail` and `client`). The
+//    writer writes version 2; the reader reads 1 and 2, checking each
+//    record's kind against its file's version, and rejects newer versions by
+//    number.
 #pragma once
 
 #include <cstdint>
@@ -33,7 +36,8 @@
 namespace spillway {
 
 inline constexpr char kTraceMagic[8] = {'S', 'P', 'W', 'T', 'R', 'A', 'C', 'E'};
-inline constexpr std::uint32_t kTraceFormatVersion = 1;
+inline constexpr std::uint32_t kTraceFormatVersion = 2;        // what the writer writes
+inline constexpr std::uint32_t kOldestTraceFormatVersion = 1;  // the oldest the reader reads
 inline constexpr std::size_t kTraceFixedHeaderBytes = 40;
 inline constexpr std::size_t kTraceRecordBytes = 40;
 // Kind of the record that closes a finished file (not a TraceEventKind).

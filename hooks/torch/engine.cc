@@ -103,6 +103,7 @@ bool EngineCore::step() {
   }
   if (fp16) scaler_.update(overflow);
   optimizer_->zero_grad();
+  spillway::step();  // the iteration boundary, for the trace and the planner
   return !overflow;
 }
 

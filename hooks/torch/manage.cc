@@ -169,6 +169,10 @@ std::string memory_stats_json() {
 }
 
 void step() {
+  // Not an activation: a program that never managed anything stays as it is.
+  Runtime& runtime = Runtime::process();
+  if (runtime.active_allocator() == nullptr) return;
+  runtime.chunk_manager().end_step();
   if (binding_table().empty()) return;
   ChunkManager& chunks = torch_bridge::active_chunk_manager();
   for (const auto& managed : binding_table().managed_params())

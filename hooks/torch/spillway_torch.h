@@ -48,8 +48,10 @@ void unmanage(std::vector<torch::Tensor> params);
 // JSON; "{}" while spillway is not active.
 std::string memory_stats_json();
 
-// The iteration boundary: re-binds gradients that autograd created afresh
-// (set-to-none zero_grad) into their grad chunks. Optimizers call it.
+// The iteration boundary, called after each optimizer step (the engine's
+// step() calls it): re-binds gradients that autograd created afresh
+// (set-to-none zero_grad) into their grad chunks, counts the step and marks
+// it in the trace. Does nothing while spillway is not active.
 void step();
 
 // Writes a complete trace file (docs/trace-format.md) of the events the

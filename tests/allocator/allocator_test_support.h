@@ -14,6 +14,7 @@
 #include "allocator/caching_allocator.h"
 #include "allocator/device/device.h"
 #include "allocator/device/sim_device.h"
+#include "tests/support/recording_trace_sink.h"
 #include "tracer/trace_event.h"
 
 namespace spillway::testing {
@@ -170,22 +171,6 @@ class StreamGate {
   std::mutex mutex_;
   std::condition_variable opened_;
   bool open_ = false;
-};
-
-class RecordingTraceSink final : public TraceSink {
- public:
-  void record(const TraceEvent& event) override {
-    std::lock_guard lock(mutex_);
-    events_.push_back(event);
-  }
-  std::vector<TraceEvent> events() const {
-    std::lock_guard lock(mutex_);
-    return events_;
-  }
-
- private:
-  mutable std::mutex mutex_;
-  std::vector<TraceEvent> events_;
 };
 
 // Allocates or fails the test with the allocator's message.

@@ -37,6 +37,8 @@ struct ChunkRigOptions {
   double bandwidth_bytes_per_s = 8e9;
   std::uint64_t copy_latency_ns = 20'000;
   std::size_t sim_capacity = 1024 * MiB;
+  // Where the allocator's and the chunk manager's events go; none when null.
+  TraceSink* trace = nullptr;
 };
 
 // Device, allocator and chunk manager, built in that order, destroyed in reverse.
@@ -50,13 +52,14 @@ struct ChunkRig {
     CachingAllocatorOptions allocator_options;
     allocator_options.budget_bytes = options.allocator_budget;
     allocator_options.large_slab_bytes = options.chunk_size;
-    allocator = std::make_unique<CachingAllocator>(*device, allocator_options);
+    allocator = std::make_unique<CachingAllocator>(*device, allocator_options, options.trace);
     ChunkManagerOptions manager_options;
     manager_options.chunk_size = options.chunk_size;
     manager_options.device_budget_bytes = options.chunk_budget;
     manager_options.host_budget_bytes = options.host_budget;
     manager_options.strict_residency = options.strict_residency;
-    chunks = std::make_unique<ChunkManager>(*device, *allocator, manager_options);
+    chunks = std::make_unique<ChunkManager>(*device, *allocator, manager_options, nullptr,
+                                            options.trace);
   }
   ~ChunkRig() {
     chunks.reset();

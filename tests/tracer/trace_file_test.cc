@@ -30,7 +30,7 @@ TraceMetadata sample_metadata() {
 
 bool same_event(const TraceEvent& a, const TraceEvent& b) {
   return a.time_ns == b.time_ns && a.kind == b.kind && a.stream == b.stream &&
-         a.address == b.address && a.size == b.size;
+         a.address == b.address && a.size == b.size && a.detail == b.detail && a.client == b.client;
 }
 
 void expect_same_events(const std::vector<TraceEvent>& got, const std::vector<TraceEvent>& want) {
@@ -49,7 +49,7 @@ TEST(tracer_TraceFile, RoundTripInMemory) {
   EXPECT_TRUE(looks_like_trace_file(bytes));
   const TraceReadResult result = parse_trace(bytes);
   ASSERT_TRUE(result.ok()) << result.error;
-  EXPECT_EQ(result.trace->format_version, 1u);
+  EXPECT_EQ(result.trace->format_version, kTraceFormatVersion);
   EXPECT_EQ(result.trace->metadata, sample_metadata());
   EXPECT_TRUE(result.trace->finished);
   EXPECT_EQ(result.trace->end_time_ns, 999u);
@@ -95,7 +95,7 @@ TEST(tracer_TraceFile, LayoutMatchesTheDocumentedOffsets) {
            std::uint32_t(std::uint8_t(bytes[at + 2])) << 16 |
            std::uint32_t(std::uint8_t(bytes[at + 3])) << 24;
   };
-  EXPECT_EQ(u32(8), 1u);    // version
+  EXPECT_EQ(u32(8), 2u);    // version
   EXPECT_EQ(u32(12), 56u);  // header size: align8(40 + 4+1+4+1)
   EXPECT_EQ(u32(16), 40u);  // record size
   EXPECT_EQ(u32(20), 10u);  // metadata size
@@ -163,11 +163,11 @@ TEST(tracer_TraceFile, HeaderBitFlipNamesAPlausibleOffset) {
 
 TEST(tracer_TraceFile, NewerAndInvalidVersionsAreRejectedByNumber) {
   std::string bytes = encode_trace(sample_metadata(), sample_events());
-  bytes[8] = 2;  // version 2, header CRC now stale: the version is checked first
+  bytes[8] = 3;  // version 3, header CRC now stale: the version is checked first
   TraceReadResult result = parse_trace(bytes);
   ASSERT_FALSE(result.ok());
-  EXPECT_NE(result.error.find("byte offset 8: trace format version 2 is newer than the version "
-                              "this reader supports (1)"),
+  EXPECT_NE(result.error.find("byte offset 8: trace format version 3 is newer than a version "
+                              "this reader supports (1 to 2)"),
             std::string::npos)
       << result.error;
   bytes[8] = 0;
@@ -177,15 +177,15 @@ TEST(tracer_TraceFile, NewerAndInvalidVersionsAreRejectedByNumber) {
 }
 
 TEST(tracer_TraceFile, UnknownKindIsRejected) {
-  // Encode a record of kind 9 and then fix the checksum by re-encoding through
-  // the public encoder: build the event with a bogus kind.
+  // The public encoder writes any kind, checksums included: build the event
+  // with a bogus kind.
   std::vector<TraceEvent> events = sample_events();
-  events[1].kind = static_cast<TraceEventKind>(9);
+  events[1].kind = static_cast<TraceEventKind>(11);
   const std::string bytes = encode_trace({}, events);
   const TraceReadResult result = parse_trace(bytes);
   ASSERT_FALSE(result.ok());
   EXPECT_NE(result.error.find("byte offset " + std::to_string(40 + 40 + 8) +
-                              ": unknown event kind 9 for format version 1"),
+                              ": unknown event kind 11 for format version 2"),
             std::string::npos)
       << result.error;
 }
@@ -207,6 +207,69 @@ TEST(tracer_TraceFile, MissingFileAndGarbageGiveErrorsNamingThePath) {
   std::string error;
   EXPECT_EQ(TraceFileWriter::create("/nonexistent/dir/t.bin", {}, &error), nullptr);
   EXPECT_NE(error.find("cannot create trace file '/nonexistent/dir/t.bin'"), std::string::npos);
+}
+
+// Version 2: chunk moves, stalls and steps carry detail and client.
+TEST(tracer_TraceFile, Version2ChunkEventsRoundTripWithDetailAndClient) {
+  std::vector<TraceEvent> events = sample_events();
+  events.push_back({200, TraceEventKind::chunk_fetch, 64 << 20, 3, 1000, kTraceDetailPrefetch, 7});
+  events.push_back({210, TraceEventKind::stall, 0, 3, 5000, 0, 7});
+  events.push_back({220, TraceEventKind::chunk_writeback, 64 << 20, 3, 1000, 0, 7});
+  events.push_back(
+      {230, TraceEventKind::chunk_drop, 64 << 20, 3, 64 << 20, kTraceDetailEviction, 7});
+  events.push_back({240, TraceEventKind::step, 0, 1, 0, 0, 0});
+  const TraceReadResult result = parse_trace(encode_trace(sample_metadata(), events));
+  ASSERT_TRUE(result.ok()) << result.error;
+  expect_same_events(result.trace->events, events);
+  EXPECT_EQ(result.trace->events[5].detail, kTraceDetailPrefetch);
+  EXPECT_EQ(result.trace->events[5].client, 7u);
+  EXPECT_EQ(result.trace->events[8].detail, kTraceDetailEviction);
+}
+
+TEST(tracer_TraceFile, AllocatorEventWithClientFieldIsCorrupt) {
+  std::vector<TraceEvent> events = sample_events();
+  events[2].client = 1;  // allocator events keep the field zero in every version
+  const TraceReadResult result = parse_trace(encode_trace({}, events));
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(result.error.find("byte offset " + std::to_string(40 + 2 * 40 + 10) +
+                              ": reserved bytes of the record are not zero"),
+            std::string::npos)
+      << result.error;
+}
+
+// A version-1 file knows only the allocator's kinds: a chunk event in one is
+// corrupt, not silently read.
+TEST(tracer_TraceFile, Version1FileRejectsVersion2Kinds) {
+  std::vector<TraceEvent> events = sample_events();
+  events.push_back({200, TraceEventKind::chunk_fetch, 1024, 0, 1024});
+  std::string bytes = encode_trace({}, events);
+  bytes[8] = 1;
+  // Re-seal the header (CRC-32 with its own field zeroed) so only the kind is wrong.
+  auto crc32 = [](const std::string& data) {
+    std::uint32_t crc = 0xFFFFFFFFu;
+    for (unsigned char byte : data) {
+      crc ^= byte;
+      for (int bit = 0; bit < 8; ++bit) crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
+    }
+    return crc ^ 0xFFFFFFFFu;
+  };
+  std::string header = bytes.substr(0, 40);
+  for (int i = 32; i < 36; ++i) header[i] = 0;
+  const std::uint32_t crc = crc32(header);
+  for (int i = 0; i < 4; ++i) bytes[32 + i] = static_cast<char>((crc >> (8 * i)) & 0xFF);
+  const TraceReadResult result = parse_trace(bytes);
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(result.error.find("byte offset " + std::to_string(40 + 5 * 40 + 8) +
+                              ": unknown event kind 6 for format version 1"),
+            std::string::npos)
+      << result.error;
+}
+
+TEST(tracer_TraceFile, ShippedVersion1FileStillReads) {
+  const TraceReadResult result = read_trace_file(SPILLWAY_TEST_DATA_DIR "/tiny_v1.trace");
+  ASSERT_TRUE(result.ok()) << result.error;
+  EXPECT_EQ(result.trace->format_version, 1u);
+  EXPECT_FALSE(result.trace->events.empty());
 }
 
 }  // namespace
