@@ -8,6 +8,7 @@ packages=(
   libfmt-dev nlohmann-json3-dev libcli11-dev
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   libtorch-dev python3-torch pybind11-dev python3-dev python3-pytest
+  chromium  # tests/report: the HTML report rendered headless (ctest -L browser)
 )
 
 missing=()

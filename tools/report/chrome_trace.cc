@@ -1,0 +1,163 @@
+#include "tools/report/chrome_trace.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "tools/report/summary_text.h"
+
+namespace spillway::report {
+
+namespace {
+
+using nlohmann::json;
+
+constexpr int kPid = 1;
+constexpr int kAllocatorTid = 0;
+
+int client_tid(std::uint32_t client) { return static_cast<int>(client) + 1; }
+
+// Microseconds since the first event.
+double micros(const ReportModel& model, std::uint64_t time_ns) {
+  return time_ns > model.first_time_ns ? static_cast<double>(time_ns - model.first_time_ns) / 1e3
+                                       : 0.0;
+}
+
+json name_event(std::string_view kind, int tid, std::string_view name) {
+  return {{"name", kind}, {"ph", "M"}, {"pid", kPid},
+          {"tid", tid},   {"ts", 0},   {"args", {{"name", name}}}};
+}
+
+json counter(const ReportModel& model, std::uint64_t time_ns, std::string_view name,
+             std::uint64_t bytes) {
+  return {{"name", name},
+          {"ph", "C"},
+          {"pid", kPid},
+          {"tid", kAllocatorTid},
+          {"ts", micros(model, time_ns)},
+          {"args", {{"bytes", bytes}}}};
+}
+
+json instant(const ReportModel& model, std::uint64_t time_ns, std::string name, int tid,
+             std::string_view scope, json args) {
+  return {{"name", std::move(name)},
+          {"ph", "i"},
+          {"s", scope},
+          {"pid", kPid},
+          {"tid", tid},
+          {"ts", micros(model, time_ns)},
+          {"args", std::move(args)}};
+}
+
+void add_counters(const ReportModel& model, std::vector<json>* events) {
+  const MemorySample* previous = nullptr;
+  for (const MemorySample& sample : model.memory) {
+    const auto changed = [&](auto field) {
+      return previous == nullptr || field(*previous) != field(sample);
+    };
+    if (changed([](const MemorySample& s) { return s.allocated_bytes; }))
+      events->push_back(counter(model, sample.time_ns, "allocated", sample.allocated_bytes));
+    if (changed([](const MemorySample& s) { return s.reserved_bytes; }))
+      events->push_back(counter(model, sample.time_ns, "reserved", sample.reserved_bytes));
+    if (changed([](const MemorySample& s) { return s.model_bytes; }))
+      events->push_back(counter(model, sample.time_ns, "model", sample.model_bytes));
+    if (changed([](const MemorySample& s) { return s.non_model_bytes(); }))
+      events->push_back(counter(model, sample.time_ns, "non-model", sample.non_model_bytes()));
+    previous = &sample;
+  }
+}
+
+void add_instants(const TraceFileContents& trace, const ReportModel& model,
+                  std::vector<json>* events) {
+  for (const TraceEvent& event : trace.events) {
+    const int tid = client_tid(event.client);
+    json chunk_args = {{"chunk", event.address},
+                       {"client", event.client},
+                       {"bytes", event.size},
+                       {"capacity", event.stream}};
+    switch (event.kind) {
+      case TraceEventKind::step:
+        events->push_back(instant(model, event.time_ns, fmt::format("step {}", event.address),
+                                  kAllocatorTid, "g", {{"step", event.address}}));
+        break;
+      case TraceEventKind::oom:
+        events->push_back(instant(model, event.time_ns, "out of memory", kAllocatorTid, "p",
+                                  {{"requested_bytes", event.size}}));
+        break;
+      case TraceEventKind::chunk_fetch:
+        chunk_args["prefetch"] = event.detail == kTraceDetailPrefetch;
+        events->push_back(instant(
+            model, event.time_ns,
+            fmt::format("{} chunk {}", event.detail == kTraceDetailPrefetch ? "prefetch" : "fetch",
+                        event.address),
+            tid, "t", std::move(chunk_args)));
+        break;
+      case TraceEventKind::chunk_writeback:
+        events->push_back(instant(model, event.time_ns,
+                                  fmt::format("writeback chunk {}", event.address), tid, "t",
+                                  std::move(chunk_args)));
+        break;
+      case TraceEventKind::chunk_drop:
+        chunk_args["eviction"] = event.detail == kTraceDetailEviction;
+        events->push_back(instant(
+            model, event.time_ns,
+            fmt::format("{} chunk {}", event.detail == kTraceDetailEviction ? "evict" : "drop",
+                        event.address),
+            tid, "t", std::move(chunk_args)));
+        break;
+      default:
+        break;  // allocator events are in the counters; stalls are complete events
+    }
+  }
+}
+
+void add_stalls(const ReportModel& model, std::vector<json>* events) {
+  for (const Stall& stall : model.stalls) {
+    // Note [Stall time]: the wait ended at time_ns. A wait that began before
+    // the first event is cut there, so no ts is negative.
+    const std::uint64_t begin_ns =
+        std::max(stall.time_ns >= stall.duration_ns ? stall.time_ns - stall.duration_ns : 0,
+                 model.first_time_ns);
+    const std::uint64_t end_ns = std::max(stall.time_ns, begin_ns);
+    events->push_back(
+        {{"name", fmt::format("stall on chunk {}", stall.chunk_id)},
+         {"ph", "X"},
+         {"pid", kPid},
+         {"tid", client_tid(stall.client)},
+         {"ts", micros(model, begin_ns)},
+         {"dur", static_cast<double>(end_ns - begin_ns) / 1e3},
+         {"args",
+          {{"chunk", stall.chunk_id}, {"client", stall.client}, {"wait_ns", stall.duration_ns}}}});
+  }
+}
+
+}  // namespace
+
+json chrome_trace(const TraceFileContents& trace, const ReportModel& model) {
+  std::vector<json> events;
+  add_counters(model, &events);
+  add_instants(trace, model, &events);
+  add_stalls(model, &events);
+  std::stable_sort(events.begin(), events.end(), [](const json& a, const json& b) {
+    return a["ts"].get<double>() < b["ts"].get<double>();
+  });
+
+  json all = json::array();
+  all.push_back(name_event("process_name", kAllocatorTid, "spillway"));
+  all.push_back(name_event("thread_name", kAllocatorTid, "allocator"));
+  for (const ClientActivity& client : model.clients) {
+    all.push_back(
+        name_event("thread_name", client_tid(client.client), client_label(client.client)));
+  }
+  for (json& event : events) all.push_back(std::move(event));
+
+  json metadata = json::object();
+  for (const auto& [key, value] : model.metadata) metadata[key] = value;
+  metadata["format_version"] = model.format_version;
+  metadata["first_event_time_ns"] = model.first_time_ns;
+  return {{"traceEvents", std::move(all)},
+          {"displayTimeUnit", "ms"},
+          {"metadata", std::move(metadata)}};
+}
+
+}  // namespace spillway::report
