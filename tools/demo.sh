@@ -11,10 +11,18 @@ mkdir -p "$build"
 cmake -S "$root" -B "$build" -G Ninja >"$build/configure.log" 2>&1 || { cat "$build/configure.log"; exit 1; }
 grep '^-- spillway:' "$build/configure.log" || true
 if grep -q '^-- spillway: Torch found' "$build/configure.log"; then
-  cmake --build "$build" -j"$(nproc)" --target spillway-train-demo
+  cmake --build "$build" -j"$(nproc)" --target spillway-train-demo spillway-report
   # Its own default configuration (the simulated GPU, a budget a quarter of
-  # the model data) unless the caller exports SPILLWAY_CONF.
-  exec "$build/bin/spillway-train-demo" "$@"
+  # the model data) unless the caller exports SPILLWAY_CONF. Without
+  # arguments it also writes a trace and the report of it (docs/report.md).
+  if (($#)); then
+    exec "$build/bin/spillway-train-demo" "$@"
+  fi
+  "$build/bin/spillway-train-demo" --trace "$build/demo.trace"
+  "$build/bin/spillway-report" "$build/demo.trace" -o "$build/demo-report.html" \
+    --chrome "$build/demo-chrome-trace.json"
+  echo "report: $build/demo-report.html (open in a browser); Perfetto: $build/demo-chrome-trace.json"
+  exit 0
 fi
 cmake --build "$build" -j"$(nproc)" --target spillway-demo
 # A modest simulated GPU, its copies modelled at 2 GB/s (below this machine's

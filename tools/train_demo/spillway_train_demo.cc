@@ -220,7 +220,20 @@ int run(const DemoOptions& demo) {
     // Read back, so that the ctest proves the snapshot is a complete file.
     const TraceReadResult read = read_trace_file(demo.dump_trace);
     if (!read.ok()) throw std::runtime_error(read.error);
-    fmt::print("trace snapshot: {}, {} events\n", demo.dump_trace, read.trace->events.size());
+    // ... and it agrees with the statistics: every fetch and step is in it.
+    std::uint64_t steps = 0, fetched_bytes = 0;
+    for (const TraceEvent& event : read.trace->events) {
+      if (event.kind == TraceEventKind::step) ++steps;
+      if (event.kind == TraceEventKind::chunk_fetch) fetched_bytes += event.size;
+    }
+    const auto h2d = static_cast<std::uint64_t>(stat(stats(), "bytes_moved.h2d"));
+    if (fetched_bytes != h2d || steps != static_cast<std::uint64_t>(demo.steps))
+      throw std::runtime_error(fmt::format(
+          "trace snapshot {} disagrees with the run: {} steps and {} bytes fetched in it, "
+          "{} steps and bytes_moved.h2d {} in the statistics",
+          demo.dump_trace, steps, fetched_bytes, demo.steps, h2d));
+    fmt::print("trace snapshot: {}, {} events, {} steps, {} bytes fetched (as the statistics)\n",
+               demo.dump_trace, read.trace->events.size(), steps, fetched_bytes);
   }
   return demo.check ? compare(*plain, *managed) : 0;
 }
