@@ -78,27 +78,23 @@ class ModelBuilder {
       case TraceEventKind::chunk_fetch:
         add_fetch(event);
         break;
-      case TraceEventKind::chunk_writeback: {
-        ClientActivity& client = client_for(event);
-        ++client.writebacks;
-        client.bytes_d2h += event.size;
-        ++totals.writebacks;
-        totals.bytes_d2h += event.size;
+      case TraceEventKind::chunk_writeback:
+        count(client_for(event), [&](auto& figures) {
+          ++figures.writebacks;
+          figures.bytes_d2h += event.size;
+        });
         model_->transfers.push_back({event.time_ns, event.size, false});
         break;
-      }
       case TraceEventKind::chunk_drop:
         add_drop(event);
         break;
-      case TraceEventKind::stall: {
-        ClientActivity& client = client_for(event);
-        ++client.stalls;
-        client.stall_ns += event.size;
-        ++totals.stalls;
-        totals.stall_ns += event.size;
+      case TraceEventKind::stall:
+        count(client_for(event), [&](auto& figures) {
+          ++figures.stalls;
+          figures.stall_ns += event.size;
+        });
         model_->stalls.push_back({event.time_ns, event.size, event.client, event.address});
         break;
-      }
       case TraceEventKind::step:
         ++totals.steps;
         model_->steps.push_back({event.time_ns, event.address});
@@ -124,6 +120,14 @@ class ModelBuilder {
 
  private:
   using ChunkKey = std::pair<std::uint32_t, std::uint64_t>;  // (client, chunk id)
+
+  // ClientActivity and ReportTotals name their chunk figures alike: one
+  // update serves the client and the totals.
+  template <typename Update>
+  void count(ClientActivity& client, Update update) {
+    update(client);
+    update(model_->totals);
+  }
 
   ClientActivity& client_for(const TraceEvent& event) {
     auto [it, inserted] = clients_.try_emplace(event.client);
@@ -151,16 +155,11 @@ class ModelBuilder {
 
   void add_fetch(const TraceEvent& event) {
     ClientActivity& client = client_for(event);
-    ReportTotals& totals = model_->totals;
-    const bool prefetch = event.detail == kTraceDetailPrefetch;
-    ++client.fetches;
-    ++totals.fetches;
-    if (prefetch) {
-      ++client.prefetches;
-      ++totals.prefetches;
-    }
-    client.bytes_h2d += event.size;
-    totals.bytes_h2d += event.size;
+    count(client, [&](auto& figures) {
+      ++figures.fetches;
+      if (event.detail == kTraceDetailPrefetch) ++figures.prefetches;
+      figures.bytes_h2d += event.size;
+    });
     model_->transfers.push_back({event.time_ns, event.size, true});
     const ChunkKey key{event.client, event.address};
     note_capacity(client, key, event.stream);
@@ -174,13 +173,10 @@ class ModelBuilder {
 
   void add_drop(const TraceEvent& event) {
     ClientActivity& client = client_for(event);
-    ReportTotals& totals = model_->totals;
-    ++client.drops;
-    ++totals.drops;
-    if (event.detail == kTraceDetailEviction) {
-      ++client.evictions;
-      ++totals.evictions;
-    }
+    count(client, [&](auto& figures) {
+      ++figures.drops;
+      if (event.detail == kTraceDetailEviction) ++figures.evictions;
+    });
     const ChunkKey key{event.client, event.address};
     note_capacity(client, key, event.stream);
     const auto it = resident_.find(key);
