@@ -306,8 +306,7 @@ Status ChunkManager::acquire(TensorId id, Stream stream, void** device_ptr, Acce
     TensorRecord* tensor = find_tensor_locked(id);
     Chunk& chunk = *find_chunk_locked(tensor->chunk);
     chunk.fetch_pending = false;
-    count_locked(chunk, [&](ChunkStats& s) { s.stall_ns += stalled; });
-    trace_chunk_locked(TraceEventKind::stall, chunk, static_cast<std::uint64_t>(stalled));
+    note_stall_locked(chunk, stalled);
   }
   return Status::ok;
 }
@@ -395,8 +394,7 @@ Status ChunkManager::acquire_host(TensorId id, void** host_ptr, AccessMode acces
     Chunk& chunk = *find_chunk_locked(find_tensor_locked(id)->chunk);
     chunk.writeback_pending = false;
     if (access == AccessMode::read_write) chunk.fetch_pending = false;
-    count_locked(chunk, [&](ChunkStats& s) { s.stall_ns += stalled; });
-    trace_chunk_locked(TraceEventKind::stall, chunk, static_cast<std::uint64_t>(stalled));
+    note_stall_locked(chunk, stalled);
   }
   return Status::ok;
 }
@@ -845,6 +843,11 @@ void ChunkManager::trace_chunk_locked(TraceEventKind kind, const Chunk& chunk, s
   event.detail = detail;
   event.client = static_cast<std::uint32_t>(chunk.client);
   trace_->record(event);
+}
+
+void ChunkManager::note_stall_locked(const Chunk& chunk, std::int64_t stalled_ns) {
+  count_locked(chunk, [&](ChunkStats& s) { s.stall_ns += stalled_ns; });
+  trace_chunk_locked(TraceEventKind::stall, chunk, static_cast<std::uint64_t>(stalled_ns));
 }
 
 std::uint64_t ChunkManager::end_step() {

@@ -223,6 +223,8 @@ class ChunkManager final : public PressureHandler {
   void notify_locked(const Chunk& chunk);
   template <typename Update>
   void count_locked(const Chunk& chunk, Update update);
+  // Host time spent waiting for the chunk's moves: in the stats and the trace.
+  void note_stall_locked(const Chunk& chunk, std::int64_t stalled_ns);
   // A chunk event for the trace (no-op without one); see trace_event.h.
   void trace_chunk_locked(TraceEventKind kind, const Chunk& chunk, std::uint64_t size,
                           std::uint16_t detail = 0);
