@@ -66,6 +66,7 @@ ModelSpec gpt_model(const GptSpec& spec) {
     throw ModelError("gpt: n_layers, d_model, seq and batch must be positive");
   }
   ModelSpec model;
+  model.gpt = spec;
   model.name = "gpt-l" + std::to_string(spec.n_layers) + "-d" + std::to_string(spec.d_model);
   const double d = static_cast<double>(spec.d_model);
   const double s = static_cast<double>(spec.seq);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -24,13 +25,6 @@ struct LayerSpec {
   std::uint64_t optimizer_ns = 0;
 };
 
-struct ModelSpec {
-  std::string name;
-  std::vector<LayerSpec> layers;
-
-  std::uint64_t model_bytes() const;
-};
-
 // A GPT block stack: 12 d^2 parameters per block, activations by Korthikanti
 // et al. (sbh(34 + 5as/h) bytes at 16 bits), 2 flops per parameter per token
 // plus attention forward, twice that backward, an Adam step bound by memory
@@ -43,6 +37,16 @@ struct GptSpec {
   std::uint64_t dtype_bytes = 2;
   double flops_per_s = 4e14;            // achieved, not peak
   double optimizer_bytes_per_s = 3e12;  // device memory bandwidth for the Adam step
+};
+
+struct ModelSpec {
+  std::string name;
+  std::vector<LayerSpec> layers;
+  // Set by the GPT generator: the shape behind the layers, so tools that
+  // need tensor sizes (spillway-chunksize) can split a block into matrices.
+  std::optional<GptSpec> gpt;
+
+  std::uint64_t model_bytes() const;
 };
 
 class ModelError : public std::runtime_error {
