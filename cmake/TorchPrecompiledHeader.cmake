@@ -1,0 +1,79 @@
+# A precompiled <torch/torch.h> for the targets that include torch headers.
+#
+# Parsing <torch/torch.h> (Debian's libtorch 1.13) costs every translation unit
+# that includes it ~20 s, and ~30 s with -g; those TUs are most of the build
+# time. With a precompiled header the parse is done once per build and each
+# TU loads the result instead (measured: a torch test TU went from ~70 s to ~40 s).
+#
+#   spillway_torch_pch(<target>...)
+#
+# compiles the C++ sources of each <target> with the PCH. A source that does
+# not include torch headers can opt out with the source property
+# SKIP_PRECOMPILE_HEADERS. Everything is built as before with
+# -DCMAKE_DISABLE_PRECOMPILE_HEADERS=ON (CMake's own switch; e.g. for
+# clang-tidy or include-what-you-use, which want each file to stand alone).
+#
+# The PCH is built once per build directory and flavour, by a small OBJECT
+# library (REUSE_FROM), not once per target: a torch PCH takes about as long
+# as a torch TU, and most torch targets have a single TU. GCC uses a PCH only
+# when it was built with the TU's flags (-fPIC vs -fPIE, -g level, -fsanitize,
+# the macros the header reads: NDEBUG, torch's USE_* definitions) and otherwise
+# silently compiles without it; CMake passes -Winvalid-pch, so a mismatch
+# shows up as a warning in the build log. So there is one host per flavour of
+# position-independent code (a library's -fPIC, an executable's -fPIE), each
+# compiled with the compile definitions every torch target has: torch's
+# usage requirements and NDEBUG (Debian's libtorch is built with it, and
+# RecordFunction's layout differs without it; see hooks/torch/CMakeLists.txt).
+# The hosts are EXCLUDE_FROM_ALL: a flavour no target uses is never built.
+#
+# Included from the top-level CMakeLists.txt (after find_package(Torch)), so
+# the hosts see the same directory-wide options (sanitizers) as every target.
+
+if(NOT SPILLWAY_HAVE_TORCH)
+  function(spillway_torch_pch)
+  endfunction()
+  return()
+endif()
+
+set(_spillway_torch_pch_source "${PROJECT_BINARY_DIR}/cmake/spillway_torch_pch.cc")
+file(CONFIGURE OUTPUT "${_spillway_torch_pch_source}"
+     CONTENT "// Compiles the precompiled <torch/torch.h> (cmake/TorchPrecompiledHeader.cmake).\n")
+
+# spillway_torch_pch_pic: for libraries (-fPIC); spillway_torch_pch_pie: for
+# executables (-fPIE); spillway_torch_pch_nopic: for either, where
+# POSITION_INDEPENDENT_CODE is off.
+foreach(_flavour pic pie nopic)
+  set(_host spillway_torch_pch_${_flavour})
+  add_library(${_host} OBJECT EXCLUDE_FROM_ALL "${_spillway_torch_pch_source}")
+  target_link_libraries(${_host} PRIVATE ${TORCH_LIBRARIES})
+  target_compile_definitions(${_host} PRIVATE NDEBUG)
+  target_precompile_headers(${_host} PRIVATE <torch/torch.h>)
+  if(_flavour STREQUAL "pic")
+    set_target_properties(${_host} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  else()
+    set_target_properties(${_host} PROPERTIES POSITION_INDEPENDENT_CODE OFF)
+  endif()
+  if(_flavour STREQUAL "pie")
+    # What CMake passes an executable with POSITION_INDEPENDENT_CODE on.
+    target_compile_options(${_host} PRIVATE ${CMAKE_CXX_COMPILE_OPTIONS_PIE})
+  endif()
+endforeach()
+unset(_host)
+unset(_flavour)
+
+function(spillway_torch_pch)
+  foreach(target IN LISTS ARGN)
+    get_target_property(type ${target} TYPE)
+    get_target_property(pic ${target} POSITION_INDEPENDENT_CODE)
+    if(type MATCHES "^(SHARED|MODULE)_LIBRARY$")
+      set(flavour pic)  # always -fPIC
+    elseif(NOT pic)
+      set(flavour nopic)
+    elseif(type STREQUAL "EXECUTABLE")
+      set(flavour pie)
+    else()
+      set(flavour pic)
+    endif()
+    target_precompile_headers(${target} REUSE_FROM spillway_torch_pch_${flavour})
+  endforeach()
+endfunction()
