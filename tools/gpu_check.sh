@@ -51,6 +51,7 @@ STEPS=(
   "gpu_tests 180 continue"  # ctest -L gpu: must pass, and must not skip on a GPU
   "gpu_bench 90 continue"   # bench_device --device=cuda: metric lines
   "pluggable 150 continue"  # libspillway.so as torch's allocator vs torch's own
+  "python_train 200 continue"  # a Python script under SPILLWAY_CONF, spilling, and its report
 )
 
 # Build dependencies fetched by --fetch-deps (Debian package names): what the
@@ -266,6 +267,27 @@ step_pluggable() {
     return 0
   fi
   step_note="$(grep -E '^losses identical' "$work/pluggable.txt")"
+  return "$rc"
+}
+
+# The Python package installed as users install it; a plain training script
+# run unchanged under SPILLWAY_CONF and with spillway.manage() under a budget
+# that spills; identical losses; the spilling run's report into $OUT.
+step_python_train() {
+  [[ -d "$build/python/spillway" ]] || {
+    step_status=skipped
+    step_note="the Python package was not built (see 'spillway: Python package' in configure)"
+    return 0
+  }
+  local rc=0
+  timed python3 "$repo/tools/gpu/python_train_check.py" --build "$build" --out "$out_dir" 2>&1 |
+    tee "$work/python_train.txt" || rc=$?
+  if ((rc == 2)); then
+    step_status=skipped
+    step_note="$(tail -n 1 "$work/python_train.txt")"
+    return 0
+  fi
+  step_note="$(grep -E '^losses identical' "$work/python_train.txt")"
   return "$rc"
 }
 

@@ -26,6 +26,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -422,11 +423,71 @@ GradientSummary ChunkedOptimizer::gradient_summary(double grad_scale) {
   return {std::sqrt(sum_squares) * std::fabs(grad_scale), found_inf};
 }
 
+std::optional<ChunkedOptimizer::ParamState> ChunkedOptimizer::param_state(
+    const torch::Tensor& param) const {
+  const ParamRecord* record = impl_->find(param);
+  if (record == nullptr) return std::nullopt;
+  ChunkManager& chunks = torch_bridge::active_chunk_manager();
+  const auto count = static_cast<std::int64_t>(record->count);
+  ParamState state;
+  state.step = record->step;
+  state.started = record->state_started;
+  for (const TensorId slot : record->state) {
+    torch::Tensor values = torch::empty({count}, torch::kFloat);
+    read_chunk_tensor(chunks, slot, values.data_ptr(), record->count * sizeof(float));
+    state.slots.push_back(std::move(values));
+  }
+  if (record->low_precision()) {
+    state.master = torch::empty({count}, torch::kFloat);
+    read_chunk_tensor(chunks, record->master, state.master.data_ptr(),
+                      record->count * sizeof(float));
+  }
+  return state;
+}
+
+void ChunkedOptimizer::set_param_state(const torch::Tensor& param, const ParamState& state) {
+  at::NoGradGuard no_grad;
+  place_all();  // slots for options changed since (a loaded momentum, say)
+  ParamRecord* record = impl_->find(param);
+  if (record == nullptr)
+    throw std::invalid_argument("spillway optim: " + impl_->name +
+                                " holds no state for this parameter");
+  if (state.slots.size() > record->state.size())
+    throw std::invalid_argument("spillway optim: " + std::to_string(state.slots.size()) +
+                                " state arrays for " + record->label + ", whose options need " +
+                                std::to_string(record->state.size()));
+  ChunkManager& chunks = torch_bridge::active_chunk_manager();
+  const std::size_t bytes = record->count * sizeof(float);
+  auto checked = [&](const torch::Tensor& values, const std::string& what) {
+    if (static_cast<std::size_t>(values.numel()) != record->count)
+      throw std::invalid_argument("spillway optim: " + what + " of " + record->label + " holds " +
+                                  std::to_string(values.numel()) +
+                                  " values where the parameter has " +
+                                  std::to_string(record->count));
+    return values.to(torch::kFloat).contiguous();
+  };
+  for (std::size_t slot = 0; slot < state.slots.size(); ++slot) {
+    const torch::Tensor values = checked(state.slots[slot], "state " + std::to_string(slot));
+    write_chunk_tensor(chunks, record->state[slot], values.data_ptr(), bytes);
+  }
+  if (record->low_precision() && state.master.defined()) {
+    const torch::Tensor master = checked(state.master, "the master copy");
+    write_chunk_tensor(chunks, record->master, master.data_ptr(), bytes);
+    // The parameter is the master copy rounded; keep them consistent even
+    // when the model's own weights were not loaded.
+    Acquisitions host(chunks, /*on_host=*/true, Stream{});
+    void* low = host.acquire(record->managed->param_id, AccessMode::read_write, WaitMode::host);
+    if (low == nullptr) throw chunk_failure("writing " + record->label);
+    cpu::convert_from_float(master.data_ptr<float>(), low, record->dtype, record->count);
+  }
+  record->step = state.step;
+  record->state_started = state.started;
+}
+
 // Archive layout: "spillway/groups/<g>/options" (the options' own
 // serialisation) and, for the n-th parameter over all groups in order,
 // "spillway/params/<n>/" + step, state_started, slots, state<i>, master.
 void ChunkedOptimizer::save(torch::serialize::OutputArchive& archive) const {
-  ChunkManager& chunks = torch_bridge::active_chunk_manager();
   for (std::size_t g = 0; g < param_groups_.size(); ++g) {
     torch::serialize::OutputArchive options;
     param_groups_[g].options().serialize(options);
@@ -436,22 +497,14 @@ void ChunkedOptimizer::save(torch::serialize::OutputArchive& archive) const {
   for (const auto& group : param_groups_) {
     for (const torch::Tensor& param : group.params()) {
       const std::string prefix = "spillway/params/" + std::to_string(n++) + "/";
-      const ParamRecord* record = impl_->find(param);
-      if (record == nullptr) continue;
-      archive.write(prefix + "step", c10::IValue(record->step));
-      archive.write(prefix + "state_started", c10::IValue(record->state_started));
-      archive.write(prefix + "slots", c10::IValue(static_cast<std::int64_t>(record->state.size())));
-      const auto count = static_cast<std::int64_t>(record->count);
-      for (std::size_t slot = 0; slot < record->state.size(); ++slot) {
-        torch::Tensor values = torch::empty({count}, torch::kFloat);
-        read_chunk_tensor(chunks, record->state[slot], values.data_ptr(), record->count * 4);
-        archive.write(prefix + "state" + std::to_string(slot), values);
-      }
-      if (record->low_precision()) {
-        torch::Tensor master = torch::empty({count}, torch::kFloat);
-        read_chunk_tensor(chunks, record->master, master.data_ptr(), record->count * 4);
-        archive.write(prefix + "master", master);
-      }
+      const std::optional<ParamState> state = param_state(param);
+      if (!state) continue;
+      archive.write(prefix + "step", c10::IValue(state->step));
+      archive.write(prefix + "state_started", c10::IValue(state->started));
+      archive.write(prefix + "slots", c10::IValue(static_cast<std::int64_t>(state->slots.size())));
+      for (std::size_t slot = 0; slot < state->slots.size(); ++slot)
+        archive.write(prefix + "state" + std::to_string(slot), state->slots[slot]);
+      if (state->master.defined()) archive.write(prefix + "master", state->master);
     }
   }
 }
@@ -464,48 +517,27 @@ void ChunkedOptimizer::load(torch::serialize::InputArchive& archive) {
       param_groups_[g].options().serialize(options);
   }
   place_all();  // with the loaded options' state slots
-  ChunkManager& chunks = torch_bridge::active_chunk_manager();
   std::int64_t n = 0;
   for (const auto& group : param_groups_) {
     for (const torch::Tensor& param : group.params()) {
       const std::string prefix = "spillway/params/" + std::to_string(n++) + "/";
-      ParamRecord* record = impl_->find(param);
       c10::IValue step;
-      if (record == nullptr || !archive.try_read(prefix + "step", step)) continue;
+      if (impl_->find(param) == nullptr || !archive.try_read(prefix + "step", step)) continue;
+      ParamState state;
+      state.step = step.toInt();
       c10::IValue started;
       c10::IValue slots;
       archive.read(prefix + "state_started", started);
       archive.read(prefix + "slots", slots);
-      const std::size_t bytes = record->count * sizeof(float);
-      auto read_values = [&](const std::string& key) {
-        torch::Tensor values;
-        archive.read(key, values);
-        if (values.scalar_type() != torch::kFloat ||
-            static_cast<std::size_t>(values.numel()) != record->count)
-          throw std::invalid_argument("spillway optim: " + key + " holds " +
-                                      std::to_string(values.numel()) + " values where " +
-                                      record->label + " has " + std::to_string(record->count));
-        return values.contiguous();
-      };
+      state.started = started.toBool();
       for (std::int64_t slot = 0; slot < slots.toInt(); ++slot) {
-        if (slot >= static_cast<std::int64_t>(record->state.size()))
-          throw std::invalid_argument("spillway optim: the archive has more state for " +
-                                      record->label + " than its options need");
-        const torch::Tensor values = read_values(prefix + "state" + std::to_string(slot));
-        write_chunk_tensor(chunks, record->state[slot], values.data_ptr(), bytes);
+        torch::Tensor values;
+        archive.read(prefix + "state" + std::to_string(slot), values);
+        state.slots.push_back(std::move(values));
       }
-      if (record->low_precision()) {
-        const torch::Tensor master = read_values(prefix + "master");
-        write_chunk_tensor(chunks, record->master, master.data_ptr(), bytes);
-        // The parameter is the master copy rounded; keep them consistent even
-        // when the model's own weights were not loaded.
-        Acquisitions host(chunks, /*on_host=*/true, Stream{});
-        void* low = host.acquire(record->managed->param_id, AccessMode::read_write, WaitMode::host);
-        if (low == nullptr) throw chunk_failure("writing " + record->label);
-        cpu::convert_from_float(master.data_ptr<float>(), low, record->dtype, record->count);
-      }
-      record->step = step.toInt();
-      record->state_started = started.toBool();
+      torch::Tensor master;
+      if (archive.try_read(prefix + "master", master)) state.master = std::move(master);
+      set_param_state(param, state);
     }
   }
 }

@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <stdexcept>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "hooks/torch/spillway_torch.h"
@@ -41,12 +43,33 @@ EngineCore::EngineCore(torch::nn::Module& module, engine::EngineConfig config)
     : config_(std::move(config)), scaler_(config_.loss_scaler) {
   if (config_.spillway_conf) configure(*config_.spillway_conf);
   if (config_.precision != engine::Precision::f32) module.to(compute_dtype());
-  manage(module);
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (const auto& item : module.named_parameters(/*recurse=*/true))
+    named.emplace_back(item.key(), item.value());
+  take_parameters(std::move(named));
+}
+
+EngineCore::EngineCore(std::vector<std::pair<std::string, torch::Tensor>> named_params,
+                       engine::EngineConfig config)
+    : config_(std::move(config)), scaler_(config_.loss_scaler) {
+  for (const auto& [name, param] : named_params) {
+    if (param.defined() && param.is_floating_point() && param.scalar_type() != compute_dtype())
+      throw std::invalid_argument("initialize: parameter '" + name + "' is " +
+                                  std::string(c10::toString(param.scalar_type())) +
+                                  " where the configuration computes in " +
+                                  std::string(c10::toString(compute_dtype())));
+  }
+  if (config_.spillway_conf) configure(*config_.spillway_conf);
+  take_parameters(std::move(named_params));
+}
+
+void EngineCore::take_parameters(std::vector<std::pair<std::string, torch::Tensor>> named_params) {
   std::vector<torch::Tensor> trainable;
-  for (const torch::Tensor& param : module.parameters())
-    if (param.requires_grad()) trainable.push_back(param);
+  for (const auto& [name, param] : named_params)
+    if (param.defined() && param.requires_grad()) trainable.push_back(param);
   if (trainable.empty())
     throw std::invalid_argument("initialize: the model has no parameter that requires grad");
+  manage(std::move(named_params));
   optimizer_ = make_optimizer(std::move(trainable), config_.optimizer);
 }
 

@@ -30,6 +30,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -46,6 +47,11 @@ class EngineCore {
   // (another configuration already active), std::runtime_error when
   // spillway cannot take the parameters.
   EngineCore(torch::nn::Module& module, engine::EngineConfig config);
+  // For parameters already in compute_dtype() (a Python model, which the
+  // Python package casts): throws std::invalid_argument, before anything is
+  // managed, when a floating-point parameter has another dtype.
+  EngineCore(std::vector<std::pair<std::string, torch::Tensor>> named_params,
+             engine::EngineConfig config);
   EngineCore(EngineCore&&) = default;
   EngineCore& operator=(EngineCore&&) = default;
   virtual ~EngineCore() = default;
@@ -70,6 +76,9 @@ class EngineCore {
   optim::ChunkedOptimizer& optimizer() { return *optimizer_; }
 
  private:
+  // Manages the parameters and builds the optimizer over the trainable ones.
+  void take_parameters(std::vector<std::pair<std::string, torch::Tensor>> named_params);
+
   engine::EngineConfig config_;
   engine::LossScaler scaler_;
   std::unique_ptr<optim::ChunkedOptimizer> optimizer_;

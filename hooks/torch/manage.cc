@@ -149,6 +149,8 @@ void configure(const std::string& conf) {
   if (!Runtime::process().configure(conf, &error)) throw std::invalid_argument(error);
 }
 
+void activate() { torch_bridge::active_chunk_manager(); }
+
 void manage(torch::nn::Module& module) {
   std::vector<std::pair<std::string, torch::Tensor>> named;
   for (const auto& item : module.named_parameters(/*recurse=*/true))
@@ -157,6 +159,10 @@ void manage(torch::nn::Module& module) {
 }
 
 void manage(std::vector<torch::Tensor> params) { manage_params(unnamed(std::move(params))); }
+
+void manage(std::vector<std::pair<std::string, torch::Tensor>> named_params) {
+  manage_params(named_params);
+}
 
 void unmanage(torch::nn::Module& module) { unmanage_params(module.parameters(/*recurse=*/true)); }
 

@@ -7,9 +7,14 @@
 //    TensorLists and lists of optional tensors) is looked up by its
 //    StorageImpl (Note [Bindings are keyed by StorageImpl]); nothing is
 //    looked up while nothing is managed.
-//  - A managed input is acquired with WaitMode::host (CPU kernels on the sim
-//    device read the bytes from the host) and released in on_op_end, which
-//    RecordFunction runs even when the op throws. Nested ops (linear ->
+//  - Note [The op's stream]: a managed input on the CPU (the sim device) is
+//    acquired with WaitMode::host: CPU kernels read the bytes from the host.
+//    On CUDA it is acquired on the op's current stream with WaitMode::stream,
+//    so the stream, not the host, waits for a fetch, and released on that
+//    stream, so an eviction waits for the op's kernels. Torch before 2.2 has
+//    no generic way to name that stream (Stream::native_handle), so there the
+//    default stream and WaitMode::host serve. The release is in on_op_end,
+//    which RecordFunction runs even when the op throws. Nested ops (linear ->
 //    addmm) acquire again: acquires nest in the chunk manager.
 //  - Note [Which inputs an op writes]: an input whose schema argument is
 //    annotated as written (`Tensor(a!)`: in-place ops, out= variants,
@@ -22,17 +27,27 @@
 //  - Note [Gradients replaced by autograd] (grad_binding.cc): when an op uses
 //    a managed parameter whose param.grad autograd replaced, the fresh
 //    gradient is copied into its grad chunk first.
+//  - Note [Python optimizers mark the step]: torch.optim wraps every
+//    optimizer's step in a record function named "Optimizer.step#<Class>.step"
+//    (user scope). Its end is the iteration boundary, so a second callback
+//    calls spillway::step() there and a Python training loop needs no call of
+//    its own. The callback looks at nothing but the name.
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
+#include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <ATen/record_function.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/SmallVector.h>
+#include <torch/version.h>
 
 #include "allocator/log.h"
 #include "hooks/torch/bridge.h"
+#include "hooks/torch/spillway_torch.h"
 
 namespace spillway::torch_bridge {
 
@@ -87,10 +102,28 @@ struct ManagedInput {
   bool written = false;
 };
 
-// What on_op_end releases.
+// What on_op_end releases, and on which stream.
 struct OpAcquisitions final : at::ObserverContext {
-  c10::SmallVector<TensorId, 4> acquired;
+  c10::SmallVector<std::pair<TensorId, Stream>, 4> acquired;
 };
+
+struct OpStream {
+  Stream stream;
+  WaitMode wait = WaitMode::host;
+};
+
+// Note [The op's stream].
+OpStream op_stream(c10::Device device) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)
+  if (device.is_cuda()) {
+    const c10::impl::VirtualGuardImpl cuda(c10::DeviceType::CUDA);
+    return {Stream{cuda.getStream(device).native_handle()}, WaitMode::stream};
+  }
+#else
+  (void)device;
+#endif
+  return {};
+}
 
 void note_tensor(const at::Tensor& tensor, std::size_t input, const at::RecordFunction& fn,
                  std::shared_ptr<const OpWrites>& writes, bool& writes_looked_up,
@@ -146,13 +179,13 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
     }
     void* address = nullptr;
     const AccessMode access = input.written ? AccessMode::read_write : AccessMode::read;
-    if (chunks.acquire(input.binding.tensor, Stream{}, &address, access, WaitMode::host) !=
-        Status::ok) {
+    const OpStream on = op_stream(input.binding.device);
+    if (chunks.acquire(input.binding.tensor, on.stream, &address, access, on.wait) != Status::ok) {
       SPILLWAY_LOG(error, "op {}: acquiring a managed input failed: {}", fn.name(),
                    ChunkManager::last_error());
       continue;
     }
-    acquisitions->acquired.push_back(input.binding.tensor);
+    acquisitions->acquired.emplace_back(input.binding.tensor, on.stream);
   }
   return acquisitions;
 }
@@ -161,10 +194,26 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext* context) {
   auto* acquisitions = static_cast<OpAcquisitions*>(context);
   if (acquisitions == nullptr) return;
   ChunkManager& chunks = Runtime::process().chunk_manager();
-  for (const TensorId tensor : acquisitions->acquired) {
-    if (chunks.release(tensor, Stream{}) != Status::ok)
+  for (const auto& [tensor, stream] : acquisitions->acquired) {
+    if (chunks.release(tensor, stream) != Status::ok)
       SPILLWAY_LOG(error, "op {}: releasing a managed input failed: {}", fn.name(),
                    ChunkManager::last_error());
+  }
+}
+
+// Note [Python optimizers mark the step].
+constexpr std::string_view kOptimizerStepPrefix = "Optimizer.step#";
+
+std::unique_ptr<at::ObserverContext> on_user_scope_start(const at::RecordFunction&) {
+  return nullptr;
+}
+
+void on_user_scope_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  if (t_hook_suppressed || std::string_view(fn.name()).rfind(kOptimizerStepPrefix, 0) != 0) return;
+  try {
+    spillway::step();
+  } catch (const std::exception& e) {
+    SPILLWAY_LOG(error, "{}: marking the step failed: {}", fn.name(), e.what());
   }
 }
 
@@ -179,6 +228,8 @@ void install_op_hooks() {
       at::RecordFunctionCallback(&on_op_start, &on_op_end)
           .needsInputs(true)
           .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+  at::addGlobalCallback(at::RecordFunctionCallback(&on_user_scope_start, &on_user_scope_end)
+                            .scopes({at::RecordScope::USER_SCOPE}));
 }
 
 }  // namespace spillway::torch_bridge

@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,26 @@ class ChunkedOptimizer : public torch::optim::Optimizer {
   // shapes, in the same order, continues bit-identically.
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
+
+  // One parameter's state, as copies (torch-style state dicts: the Python
+  // package). `slots` are the state arrays, flat fp32 over the parameter's
+  // whole storage, in slot order (Adam: exp_avg, exp_avg_sq; SGD:
+  // momentum_buffer); `master` is the fp32 master copy of a bf16/fp16
+  // parameter, undefined otherwise.
+  struct ParamState {
+    std::int64_t step = 0;
+    bool started = false;  // the state has been updated at least once
+    std::vector<torch::Tensor> slots;
+    torch::Tensor master;
+  };
+  // Empty when the optimizer holds no state for `param` (not in its groups,
+  // or frozen).
+  std::optional<ParamState> param_state(const torch::Tensor& param) const;
+  // Writes `state` into the chunks (a master copy also rounds into the
+  // parameter). Throws std::invalid_argument when `param` is not held, when a
+  // tensor's element count differs from the parameter's storage, or when
+  // there are more slots than the options need.
+  void set_param_state(const torch::Tensor& param, const ParamState& state);
 
   // The chunk-manager client holding the state, e.g. "adam#0".
   const std::string& client_name() const;

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <torch/torch.h>
@@ -31,12 +32,20 @@ namespace spillway {
 // on a bad configuration, or when spillway is already active with another one.
 void configure(const std::string& conf);
 
+// Activates spillway now, from configure()'s text or else SPILLWAY_CONF, and
+// installs the op hooks (manage() does this on first use). Throws
+// std::runtime_error naming the cause when activation fails.
+void activate();
+
 // Moves the parameters into chunks (one chunk-manager client per call) and
 // binds their gradients to grad chunks. Parameters already managed are
 // skipped. Throws std::runtime_error when spillway cannot activate or a
 // parameter cannot be placed.
 void manage(torch::nn::Module& module);
 void manage(std::vector<torch::Tensor> params);
+// As above, with the names the statistics, trace and errors show
+// (module.named_parameters(), say; the Python package passes them).
+void manage(std::vector<std::pair<std::string, torch::Tensor>> named_params);
 
 // Moves the parameters (and their bound gradients) back into ordinary
 // storage and forgets them; a client whose tensors are all unmanaged is
@@ -49,8 +58,9 @@ void unmanage(std::vector<torch::Tensor> params);
 std::string memory_stats_json();
 
 // The iteration boundary, called after each optimizer step (the engine's
-// step() calls it): re-binds gradients that autograd created afresh
-// (set-to-none zero_grad) into their grad chunks, counts the step and marks
+// step() calls it, and so does the end of every Python torch.optim
+// optimizer's step, through its "Optimizer.step#..." record function): re-binds gradients that
+// autograd created afresh (set-to-none zero_grad) into their grad chunks, counts the step and marks
 // it in the trace. Does nothing while spillway is not active.
 void step();
 

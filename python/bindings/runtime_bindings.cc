@@ -1,0 +1,59 @@
+// The runtime API for Python: configuration, activation, manage / unmanage,
+// statistics, traces and the step boundary. Errors cross as Python
+// exceptions: std::invalid_argument as ValueError, std::runtime_error as
+// RuntimeError, with spillway's message.
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "allocator/config.h"
+#include "allocator/runtime.h"
+#include "hooks/torch/spillway_torch.h"
+#include "python/bindings/bindings.h"
+
+namespace spillway::python {
+
+namespace {
+
+// The device a configuration text asks for ("auto", "cuda" or "sim"); throws
+// std::invalid_argument with the parser's message, which names the key.
+std::string checked_device(const std::string& conf) {
+  const ConfigResult parsed = parse_config(conf);
+  if (!parsed.ok()) throw std::invalid_argument(parsed.error->message);
+  return std::string(to_string(parsed.config->device));
+}
+
+}  // namespace
+
+void bind_runtime(py::module_& module) {
+  module.def("configure", &spillway::configure, py::arg("conf"),
+             "Sets the configuration (SPILLWAY_CONF syntax) for activation.");
+  module.def("activate", &spillway::activate, py::call_guard<py::gil_scoped_release>(),
+             "Activates spillway now and installs the op hooks.");
+  module.def(
+      "is_active", [] { return Runtime::process().active_allocator() != nullptr; },
+      "Whether spillway's runtime is active in this process.");
+  module.def("checked_device", &checked_device, py::arg("conf"),
+             "The device a configuration asks for; ValueError naming the key when it is bad.");
+  module.def(
+      "manage",
+      [](std::vector<std::pair<std::string, at::Tensor>> named) {
+        py::gil_scoped_release release;
+        spillway::manage(std::move(named));
+      },
+      py::arg("named_params"));
+  module.def(
+      "unmanage",
+      [](std::vector<at::Tensor> params) {
+        py::gil_scoped_release release;
+        spillway::unmanage(std::move(params));
+      },
+      py::arg("params"));
+  module.def("memory_stats_json", &spillway::memory_stats_json);
+  module.def("dump_trace", &spillway::dump_trace, py::arg("path"),
+             py::call_guard<py::gil_scoped_release>());
+  module.def("step", &spillway::step, py::call_guard<py::gil_scoped_release>());
+}
+
+}  // namespace spillway::python

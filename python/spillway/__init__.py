@@ -1,0 +1,131 @@
+"""spillway: chunk-based heterogeneous memory for PyTorch.
+
+Parameters, gradients and optimizer state live in fixed-size chunks that move
+between the device and pinned host memory under one device budget, so a model
+larger than the device trains with PyTorch's results, bit for bit.
+
+    import spillway
+    spillway.enable("device_budget:6GiB")   # or set SPILLWAY_CONF
+    spillway.manage(model)                   # parameters and gradients into chunks
+    optimizer = torch.optim.Adam(model.parameters())   # or spillway.optim.Adam
+    ... train as usual ...
+    print(spillway.memory_stats()["evictions"])
+
+With SPILLWAY_CONF set and the package installed (tools/install-python.sh),
+spillway activates when the interpreter starts (spillway-activate.pth); a bad
+SPILLWAY_CONF stops the interpreter there, naming the key. The configuration
+syntax and keys: docs/configuration.md. The Python API: docs/python.md.
+"""
+
+import json
+import os
+
+import torch  # first: the extension links against torch's libraries
+
+from . import _C
+from . import optim
+from ._engine import Engine, initialize
+
+__all__ = [
+    "enable",
+    "is_enabled",
+    "manage",
+    "unmanage",
+    "memory_stats",
+    "dump_trace",
+    "step",
+    "optim",
+    "initialize",
+    "Engine",
+]
+
+
+def enable(conf=None):
+    """Activates spillway in this process.
+
+    ``conf`` is a configuration in SPILLWAY_CONF syntax ("key:value,..."); when
+    None, SPILLWAY_CONF (or the defaults) apply. Raises ValueError naming the
+    key of a bad configuration, or when spillway is already active with
+    another one; RuntimeError when activation fails (no device, say).
+    """
+    if conf is not None:
+        _C.configure(conf)
+    _C.activate()
+
+
+def is_enabled():
+    """Whether spillway is active in this process."""
+    return _C.is_active()
+
+
+def _named_parameters(module_or_params):
+    if isinstance(module_or_params, torch.nn.Module):
+        return list(module_or_params.named_parameters())
+    if isinstance(module_or_params, torch.Tensor):
+        module_or_params = [module_or_params]
+    named = []
+    for index, item in enumerate(module_or_params):
+        if isinstance(item, torch.Tensor):
+            named.append((f"param{index}", item))
+        elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], torch.Tensor):
+            named.append((str(item[0]), item[1]))
+        else:
+            raise TypeError(
+                "spillway.manage: expected a torch.nn.Module, tensors or (name, tensor) pairs, "
+                f"got {type(item).__name__} at position {index}")
+    return named
+
+
+def manage(module_or_params):
+    """Moves parameters into spillway's chunks and binds their gradients there.
+
+    Takes a torch.nn.Module, or an iterable of tensors or (name, tensor) pairs.
+    Each call makes one chunk-manager client (a model); parameters already
+    managed are skipped. Activates spillway if needed.
+    """
+    _C.manage(_named_parameters(module_or_params))
+
+
+def unmanage(module_or_params):
+    """Moves parameters (and their gradients) back into ordinary storage."""
+    _C.unmanage([param for _, param in _named_parameters(module_or_params)])
+
+
+def memory_stats():
+    """Allocator and chunk figures under the contract keys (design section 3),
+    plus "clients": each model's and optimizer's chunk figures by name.
+    An empty dict while spillway is not active."""
+    return json.loads(_C.memory_stats_json())
+
+
+def dump_trace(path):
+    """Writes a complete trace file (docs/trace-format.md) of what the `trace`
+    option recorded so far; the live trace goes on."""
+    _C.dump_trace(os.fspath(path))
+
+
+def step():
+    """The iteration boundary. Python optimizers (torch.optim's and
+    spillway.optim's) mark it themselves at the end of each step(); call this
+    only in a loop without an optimizer step."""
+    _C.step()
+
+
+def _activate_at_start(conf):
+    """What spillway-activate.pth runs (through _spillway_activate) when SPILLWAY_CONF is set."""
+    device = _C.checked_device(conf)  # ValueError naming the key
+    cuda = (device != "sim" and torch.version.cuda is not None
+            and hasattr(torch.cuda.memory, "CUDAPluggableAllocator")
+            and torch.cuda.is_available())
+    if cuda:
+        # Note [One runtime per process] (python/bindings/module.cc): torch
+        # allocates through this module's C ABI from its first CUDA allocation.
+        allocator = torch.cuda.memory.CUDAPluggableAllocator(
+            _C.__file__, "spillway_malloc", "spillway_free")
+        torch.cuda.memory.change_current_allocator(allocator)
+    elif device == "cuda":
+        raise ValueError("device:cuda asks for a GPU, but this torch has no usable CUDA "
+                         f"(torch {torch.__version__}); use device:sim or device:auto")
+    # Now, not at the first allocation: errors surface at start, and the op
+    # hooks mark an unchanged script's optimizer steps.
+    _C.activate()

@@ -1,0 +1,136 @@
+"""The package's API: enable, memory_stats, dump_trace, manage's arguments, initialize."""
+
+import json
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import spillway
+from spillway_testing import (SPILLING_CONF, TRACE_KIND_STEP, make_mlp, mlp_batches,
+                              trace_event_kinds)
+
+# Design section 3: the contract keys of memory_stats().
+CONTRACT_KEYS = [f"{figure}.all.{kind}"
+                 for figure in ("allocated_bytes", "reserved_bytes", "active_bytes", "allocation",
+                                "segment")
+                 for kind in ("current", "peak", "allocated", "freed")] + [
+    "num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free", "chunk_bytes.device",
+    "chunk_bytes.host", "bytes_moved.h2d", "bytes_moved.d2h", "evictions", "prefetches",
+    "stall_ns"]
+
+
+def test_a_bad_configuration_is_rejected_naming_the_key_and_changes_nothing():
+    with pytest.raises(ValueError, match="device_budgett"):
+        spillway.enable("device:sim,device_budgett:6MiB")
+    with pytest.raises(ValueError, match="chunk_size"):
+        spillway.enable("device:sim,chunk_size:lots")
+    assert not spillway.is_enabled()
+    assert spillway.memory_stats() == {}
+
+
+@pytest.fixture(scope="module")
+def trace_dir():
+    directory = tempfile.mkdtemp(prefix="spillway-pytest-")
+    spillway.enable(SPILLING_CONF + f",trace:{os.path.join(directory, 'live.trace')}")
+    return directory
+
+
+def test_memory_stats_has_the_contract_keys(trace_dir):
+    model = make_mlp(seed=1)
+    spillway.manage(model)
+    stats = spillway.memory_stats()
+    missing = [key for key in CONTRACT_KEYS if key not in stats]
+    assert not missing, f"memory_stats() lacks {missing}"
+    assert all(isinstance(stats[key], int) for key in CONTRACT_KEYS)
+    assert stats["chunk_bytes.device"] + stats["chunk_bytes.host"] > 0
+    assert "torch0" in stats["clients"] or any(name.startswith("torch") for name in stats["clients"])
+    json.dumps(stats)  # plain data
+    spillway.unmanage(model)
+
+
+def test_enabling_again_with_another_configuration_is_an_error(trace_dir):
+    with pytest.raises(ValueError):
+        spillway.enable("device:sim,chunk_size:4MiB")
+    spillway.enable()  # the active configuration: nothing to do
+
+
+def test_manage_accepts_modules_tensors_and_named_pairs_and_rejects_the_rest(trace_dir):
+    first, second = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    spillway.manage([first.weight, first.bias])
+    spillway.manage([("second.weight", second.weight), ("second.bias", second.bias)])
+    spillway.manage(first)  # already managed: skipped
+    with pytest.raises(TypeError, match="position 0"):
+        spillway.manage([3])
+    out = F.linear(torch.ones(1, 4), first.weight, first.bias)  # computes on chunk memory
+    assert torch.equal(out, F.linear(torch.ones(1, 4), first.weight.detach().clone(),
+                                     first.bias.detach().clone()))
+    spillway.unmanage(first)
+    spillway.unmanage(second)
+
+
+def test_dump_trace_writes_a_complete_trace(trace_dir):
+    path = os.path.join(trace_dir, "dumped.trace")
+    spillway.dump_trace(path)
+    trace_event_kinds(path)  # reads: header, whole records, end record
+    with pytest.raises(ValueError):
+        spillway.dump_trace(os.path.join(trace_dir, "live.trace"))
+
+
+def test_initialize_trains_with_a_deepspeed_style_config(trace_dir):
+    model = make_mlp(seed=2)
+    engine = spillway.initialize(model, {
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}},
+        "gradient_clipping": 1.0,
+        "gradient_accumulation_steps": 2,
+    })
+    losses = []
+    for x, y in mlp_batches(3, 8):
+        loss = F.mse_loss(engine(x), y)
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    assert engine.micro_steps == 8 and engine.global_steps == 4
+    assert engine.last_gradient_norm > 0
+    assert losses[-1] < losses[0], losses
+    spillway.unmanage(model)
+
+
+def test_initialize_bf16_casts_the_model(trace_dir):
+    model = make_mlp(seed=4)
+    engine = spillway.initialize(model, '{"optimizer": {"type": "Adam", "params": {"lr": 1e-3}}, '
+                                        '"bf16": {"enabled": true}}')
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    x, y = mlp_batches(5, 1)[0]
+    engine.backward(F.mse_loss(engine(x.bfloat16()).float(), y))
+    assert engine.step()
+    spillway.unmanage(model)
+
+
+@pytest.mark.parametrize("config, named", [
+    ({"optimizer": {"type": "Adam"}, "fp17": {"enabled": True}}, "fp17"),
+    ({"optimizer": {"type": "Adamax"}}, "optimizer.type"),
+    ({"optimizer": {"type": "Adam"}, "spillway": {"chunk_size": "lots"}}, "chunk_size"),
+])
+def test_initialize_rejects_bad_configs_by_name_before_touching_the_model(config, named):
+    model = make_mlp(seed=6)
+    with pytest.raises(ValueError, match=named):
+        spillway.initialize(model, config)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_steps_of_the_engine_are_marked_in_the_trace(trace_dir):
+    model = make_mlp(seed=7)
+    engine = spillway.initialize(model, {"optimizer": {"type": "SGD", "params": {"lr": 1e-2}}})
+    before = os.path.join(trace_dir, "engine-before.trace")
+    spillway.dump_trace(before)
+    for x, y in mlp_batches(8, 3):
+        engine.backward(F.mse_loss(engine(x), y))
+        engine.step()
+    after = os.path.join(trace_dir, "engine-after.trace")
+    spillway.dump_trace(after)
+    assert (trace_event_kinds(after).count(TRACE_KIND_STEP)
+            - trace_event_kinds(before).count(TRACE_KIND_STEP)) == 3
+    spillway.unmanage(model)

@@ -1,0 +1,103 @@
+"""Models trained with torch.optim under spillway, against plain torch.
+
+One configuration for the whole process: a budget that forces chunks out and
+back every step, with strict_residency (an evicted tensor's memory faults).
+"""
+
+import copy
+import os
+import tempfile
+
+import pytest
+import torch
+
+import spillway
+from spillway_testing import (SPILLING_CONF, TRACE_KIND_STEP, TinyTransformer, make_mlp,
+                              mlp_batches, parameters_copy, trace_event_kinds, train_step,
+                              transformer_batches)
+
+STEPS = 5
+
+
+@pytest.fixture(scope="module", autouse=True)
+def spilling_spillway():
+    directory = tempfile.mkdtemp(prefix="spillway-pytest-")
+    spillway.enable(SPILLING_CONF + f",trace:{os.path.join(directory, 'live.trace')}")
+    yield directory
+
+
+def assert_same(reference_losses, losses, reference_params, model):
+    assert len(losses) == len(reference_losses)
+    for step, (expected, got) in enumerate(zip(reference_losses, losses)):
+        assert torch.equal(expected, got), f"loss of step {step}: {got} != {expected}"
+    for index, (expected, got) in enumerate(zip(reference_params, parameters_copy(model))):
+        assert torch.equal(expected, got), f"parameter {index} differs"
+
+
+def test_two_models_with_their_own_adam_interleaved_are_bit_identical():
+    actor, critic = make_mlp(seed=1), TinyTransformer(seed=2)
+    plain_actor, plain_critic = copy.deepcopy(actor), copy.deepcopy(critic)
+    actor_data, critic_data = mlp_batches(3, STEPS), transformer_batches(4, STEPS)
+
+    plain_actor_adam = torch.optim.Adam(plain_actor.parameters(), lr=1e-3)
+    plain_critic_adam = torch.optim.Adam(plain_critic.parameters(), lr=1e-3)
+    plain_losses = ([], [])
+    for step in range(STEPS):
+        plain_losses[0].append(train_step(plain_actor, plain_actor_adam, actor_data[step]))
+        plain_losses[1].append(train_step(plain_critic, plain_critic_adam, critic_data[step]))
+
+    before = spillway.memory_stats()
+    spillway.manage(actor)
+    spillway.manage(critic)
+    actor_adam = torch.optim.Adam(actor.parameters(), lr=1e-3)
+    critic_adam = torch.optim.Adam(critic.parameters(), lr=1e-3)
+    losses = ([], [])
+    for step in range(STEPS):
+        losses[0].append(train_step(actor, actor_adam, actor_data[step]))
+        losses[1].append(train_step(critic, critic_adam, critic_data[step]))
+
+    assert_same(plain_losses[0], losses[0], parameters_copy(plain_actor), actor)
+    assert_same(plain_losses[1], losses[1], parameters_copy(plain_critic), critic)
+    after = spillway.memory_stats()
+    assert after["evictions"] - before["evictions"] >= 2 * STEPS, "the budget did not force spills"
+    assert after["bytes_moved.h2d"] > before["bytes_moved.h2d"]
+    spillway.unmanage(actor)
+    spillway.unmanage(critic)
+
+
+def test_sgd_with_momentum_and_set_to_none_zero_grad_is_bit_identical():
+    model = make_mlp(seed=5)
+    plain = copy.deepcopy(model)
+    data = mlp_batches(6, STEPS)
+    plain_sgd = torch.optim.SGD(plain.parameters(), lr=1e-2, momentum=0.9, nesterov=True)
+    plain_losses = [train_step(plain, plain_sgd, batch, set_to_none=True) for batch in data]
+
+    spillway.manage(model)
+    sgd = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9, nesterov=True)
+    losses = [train_step(model, sgd, batch, set_to_none=True) for batch in data]
+    assert_same(plain_losses, losses, parameters_copy(plain), model)
+    spillway.unmanage(model)
+
+
+def test_managed_parameters_read_back_after_unmanage():
+    model = make_mlp(seed=7)
+    expected = parameters_copy(model)
+    spillway.manage(model)
+    spillway.unmanage(model)
+    for index, (before, after) in enumerate(zip(expected, parameters_copy(model))):
+        assert torch.equal(before, after), f"parameter {index} changed on its way through chunks"
+
+
+def test_each_python_optimizer_step_marks_a_step_in_the_trace(spilling_spillway):
+    model = make_mlp(seed=8)
+    spillway.manage(model)
+    adam = torch.optim.Adam(model.parameters())
+    path = os.path.join(spilling_spillway, "before.trace")
+    spillway.dump_trace(path)
+    steps_before = trace_event_kinds(path).count(TRACE_KIND_STEP)
+    for batch in mlp_batches(9, 3):
+        train_step(model, adam, batch)
+    path = os.path.join(spilling_spillway, "after.trace")
+    spillway.dump_trace(path)
+    assert trace_event_kinds(path).count(TRACE_KIND_STEP) == steps_before + 3
+    spillway.unmanage(model)

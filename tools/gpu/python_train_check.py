@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""A Python training script on CUDA under SPILLWAY_CONF (issue 7, gpu_check).
+
+Installs the package built in BUILD into a fresh user site (the way users
+install it: tools/install-python.sh --user), then runs tools/gpu/train_script.py
+four times, each in a fresh interpreter:
+  torch      plain torch, no SPILLWAY_CONF
+  allocator  the script unchanged, SPILLWAY_CONF set: spillway is torch's CUDA
+             allocator from interpreter start (CUDAPluggableAllocator)
+  spilling   the same with spillway.manage(model) and a budget below the
+             model's parameters and gradients, so chunks spill every step;
+             its trace goes to spillway-report
+  spillway_adam  as spilling, with spillway.optim.Adam (state in chunks)
+Losses and final parameters must be identical in the first three; the
+fourth prints its losses beside them. Prints
+`metric NAME VALUE UNIT` lines; exits 1 on a mismatch or failure, 2 without
+torch >= 2.0 with CUDA and a GPU.
+
+    python3 tools/gpu/python_train_check.py --build build-gpu --out OUT_DIR
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+
+
+def run_script(env, extra_args):
+    result = subprocess.run([sys.executable, os.path.join(HERE, "train_script.py"), *extra_args],
+                            env=env, capture_output=True, text=True, timeout=240)
+    sys.stderr.write(result.stderr)
+    if result.returncode != 0:
+        raise SystemExit(f"python_train_check: train_script.py {' '.join(extra_args)} exited "
+                         f"{result.returncode}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--build", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--budget", default="1GiB")
+    parser.add_argument("--chunk-size", default="128MiB")
+    args = parser.parse_args()
+
+    try:
+        import torch
+    except ImportError:
+        print("python_train_check: skipped: no torch")
+        return 2
+    if not torch.cuda.is_available() or not hasattr(torch.cuda.memory, "CUDAPluggableAllocator"):
+        print(f"python_train_check: skipped: torch {torch.__version__} without CUDA or "
+              "CUDAPluggableAllocator")
+        return 2
+
+    os.makedirs(args.out, exist_ok=True)
+    user_base = tempfile.mkdtemp(prefix="spillway-userbase-")
+    env = {k: v for k, v in os.environ.items() if k not in ("SPILLWAY_CONF", "PYTHONPATH")}
+    env["PYTHONUSERBASE"] = user_base
+    env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    subprocess.run(["bash", os.path.join(REPO, "tools", "install-python.sh"), "--build",
+                    args.build, "--user"], env=env, check=True)
+
+    trace = os.path.join(args.out, "python_train.trace")
+    conf = f"device:cuda,chunk_size:{args.chunk_size}"
+    runs = {"torch": run_script(env, []),
+            "allocator": run_script({**env, "SPILLWAY_CONF": conf + ",device_budget:0.9"}, []),
+            "spilling": run_script({**env, "SPILLWAY_CONF":
+                                    f"{conf},device_budget:{args.budget},trace:{trace}"},
+                                   ["--manage"]),
+            "spillway_adam": run_script({**env, "SPILLWAY_CONF":
+                                         f"{conf},device_budget:{args.budget}"},
+                                        ["--manage", "--optimizer", "spillway"])}
+    reference = runs["torch"]
+    same = True
+    for name, run in runs.items():
+        identical = run["losses"] == reference["losses"] and run["checksum"] == reference["checksum"]
+        if name != "spillway_adam":  # another optimizer: close, not identical
+            same = same and identical
+        print(f"{name}: losses {run['losses']}, checksum {run['checksum']!r}, "
+              f"identical to torch: {identical}")
+        print(f"metric python_{name}_tokens_per_s {run['tokens_per_s']:.0f} tokens/s")
+        print(f"metric python_{name}_max_reserved {run['max_reserved'] / 2**20:.0f} MiB")
+    report = os.path.join(args.build, "bin", "spillway-report")
+    html = os.path.join(args.out, "python_train_report.html")
+    summary = subprocess.run([report, trace, "-o", html, "--summary"], capture_output=True,
+                             text=True)
+    print(summary.stdout)
+    if summary.returncode != 0:
+        print(f"python_train_check: spillway-report failed: {summary.stderr}")
+        return 1
+    os.remove(trace)  # the report keeps what matters; $OUT returns few files
+    print(f"losses identical across runs: {same}")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
