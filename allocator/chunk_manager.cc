@@ -853,6 +853,7 @@ void ChunkManager::note_stall_locked(const Chunk& chunk, std::int64_t stalled_ns
 std::uint64_t ChunkManager::end_step() {
   std::lock_guard lock(mutex_);
   const std::uint64_t step = ++steps_ended_;
+  policy_->on_step_end();
   if (trace_ != nullptr) {
     TraceEvent event;
     event.time_ns = device_.now_ns();
@@ -861,6 +862,16 @@ std::uint64_t ChunkManager::end_step() {
     trace_->record(event);
   }
   return step;
+}
+
+PolicyState ChunkManager::policy_state() const {
+  std::lock_guard lock(mutex_);
+  return policy_->state();
+}
+
+std::string_view ChunkManager::policy_name() const {
+  std::lock_guard lock(mutex_);
+  return policy_->name();
 }
 
 std::uint64_t ChunkManager::steps_ended() const {

@@ -29,6 +29,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -142,6 +143,10 @@ class ChunkManager final : public PressureHandler {
   // recorded in the trace. Returns the number of the step that ended, from 1.
   std::uint64_t end_step();
   std::uint64_t steps_ended() const;
+  // The eviction policy's name and what it reports (planned: its phase,
+  // plans built, divergences).
+  std::string_view policy_name() const;
+  PolicyState policy_state() const;
 
   // Cap on resident chunk capacity; lowering it evicts down to it now, as
   // far as chunks not in use allow.

@@ -12,12 +12,21 @@
 // policy needs no locking of its own; it must not call the manager.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string_view>
 
 #include "allocator/chunk_types.h"
 
 namespace spillway {
+
+// What a policy reports about itself (memory_stats_json's "policy").
+struct PolicyState {
+  const char* phase = "";          // planned: "tracing", "following" or "diverged"
+  std::int64_t plans_built = 0;    // planned: plans made from a traced step
+  std::int64_t divergences = 0;    // planned: steps that departed from the plan
+  std::int64_t planned_steps = 0;  // planned: steps that followed the plan to the end
+};
 
 // The chunk manager's view of which chunks may be evicted right now.
 class EvictionCandidates {
@@ -48,6 +57,10 @@ class EvictionPolicy {
   // The chunk to evict among the resident ones `candidates` accepts, or
   // nullopt when none is acceptable (or the policy never evicts).
   virtual std::optional<ChunkId> choose_victim(const EvictionCandidates& candidates) = 0;
+
+  // A training step ended (ChunkManager::end_step).
+  virtual void on_step_end() {}
+  virtual PolicyState state() const { return {}; }
 };
 
 // Never evicts: the `static` policy, where going over budget is an error.

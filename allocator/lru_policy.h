@@ -16,6 +16,9 @@ class LruPolicy final : public EvictionPolicy {
   void on_evicted(ChunkId chunk) override;
   std::optional<ChunkId> choose_victim(const EvictionCandidates& candidates) override;
 
+  // Resident chunks, least recently used first (PlannedPolicy breaks ties by it).
+  const std::list<ChunkId>& recency() const { return recency_; }
+
  private:
   // Resident chunks, least recently used first.
   std::list<ChunkId> recency_;

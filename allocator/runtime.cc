@@ -11,6 +11,7 @@
 #include "allocator/log.h"
 #include "allocator/lru_policy.h"
 #include "allocator/make_device.h"
+#include "allocator/planned_policy.h"
 
 namespace spillway {
 
@@ -38,16 +39,14 @@ TraceMetadata trace_metadata(const Config& config, Device& device, std::size_t t
   };
 }
 
-// The planned policy needs the tracer's plan; until a plan exists it evicts
-// least recently used first, which is also what it falls back to when a run
-// departs from its trace.
-std::unique_ptr<EvictionPolicy> make_eviction_policy(EvictionPolicyKind kind) {
-  switch (kind) {
+std::unique_ptr<EvictionPolicy> make_eviction_policy(const Config& config) {
+  switch (config.policy) {
     case EvictionPolicyKind::static_residency:
       return std::make_unique<NoEvictionPolicy>();
     case EvictionPolicyKind::planned:
+      return std::make_unique<PlannedPolicy>(config.warmup_steps);
     case EvictionPolicyKind::lru:
-      return std::make_unique<LruPolicy>();
+      break;
   }
   return std::make_unique<LruPolicy>();
 }
@@ -172,9 +171,9 @@ bool Runtime::build() {
   options.budget_bytes = budget;
   options.large_slab_bytes = config_.chunk_size;
   owned_allocator_ = std::make_unique<CachingAllocator>(*device_, options, recorder_.get());
-  chunk_manager_ = std::make_unique<ChunkManager>(
-      *device_, *owned_allocator_, ChunkManagerOptions::from_config(config_),
-      make_eviction_policy(config_.policy), recorder_.get());
+  chunk_manager_ = std::make_unique<ChunkManager>(*device_, *owned_allocator_,
+                                                  ChunkManagerOptions::from_config(config_),
+                                                  make_eviction_policy(config_), recorder_.get());
   SPILLWAY_LOG(info, "active on {}: budget {} bytes, chunk size {} bytes{}{}", device_->name(),
                budget, config_.chunk_size, config_.trace.empty() ? "" : ", tracing to ",
                config_.trace);

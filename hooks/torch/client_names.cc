@@ -50,6 +50,13 @@ std::string add_client_stats(const std::string& stats_json, const ChunkManager& 
                      {"evictions", stats.evictions}};
   }
   json["clients"] = std::move(clients);
+  const PolicyState policy = chunks.policy_state();
+  json["policy"] = {{"name", std::string(chunks.policy_name())},
+                    {"phase", policy.phase},
+                    {"steps", chunks.steps_ended()},
+                    {"plans_built", policy.plans_built},
+                    {"planned_steps", policy.planned_steps},
+                    {"divergences", policy.divergences}};
   return json.dump();
 }
 

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -39,6 +40,8 @@ struct ChunkRigOptions {
   std::size_t sim_capacity = 1024 * MiB;
   // Where the allocator's and the chunk manager's events go; none when null.
   TraceSink* trace = nullptr;
+  // The eviction policy; LRU when empty.
+  std::function<std::unique_ptr<EvictionPolicy>()> make_policy;
 };
 
 // Device, allocator and chunk manager, built in that order, destroyed in reverse.
@@ -58,7 +61,8 @@ struct ChunkRig {
     manager_options.device_budget_bytes = options.chunk_budget;
     manager_options.host_budget_bytes = options.host_budget;
     manager_options.strict_residency = options.strict_residency;
-    chunks = std::make_unique<ChunkManager>(*device, *allocator, manager_options, nullptr,
+    chunks = std::make_unique<ChunkManager>(*device, *allocator, manager_options,
+                                            options.make_policy ? options.make_policy() : nullptr,
                                             options.trace);
   }
   ~ChunkRig() {
