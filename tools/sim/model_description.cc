@@ -41,10 +41,15 @@ ChunkRange place(std::uint64_t& offset, std::uint64_t bytes, std::uint64_t chunk
   return range;
 }
 
-void use(plan::TracedOp& op, std::uint64_t base, ChunkRange range, bool write) {
-  for (std::uint64_t c = 0; c < range.count; ++c) {
-    op.chunks.push_back({static_cast<plan::PlanChunk>(base + range.first + c), write});
-  }
+std::vector<plan::PlanChunk> chunk_ids(std::uint64_t base, ChunkRange range) {
+  std::vector<plan::PlanChunk> ids;
+  for (std::uint64_t c = 0; c < range.count; ++c)
+    ids.push_back(static_cast<plan::PlanChunk>(base + range.first + c));
+  return ids;
+}
+
+void use(plan::TracedOp& op, const std::vector<plan::PlanChunk>& chunks, bool write) {
+  for (const plan::PlanChunk chunk : chunks) op.chunks.push_back({chunk, write});
 }
 
 std::uint64_t chunks_of(std::uint64_t bytes, std::uint64_t chunk_size) {
@@ -165,39 +170,40 @@ plan::StepTrace step_trace(const ModelSpec& model, std::uint64_t chunk_size) {
   const std::uint64_t grad_base = chunks_of(param_total, chunk_size);
   const std::uint64_t optimizer_base = grad_base + chunks_of(grad_total, chunk_size);
 
-  struct Placed {
-    ChunkRange params, grads, optimizer;
-  };
-  std::vector<Placed> placed;
+  std::vector<LayerChunks> chunks;
   std::uint64_t param_offset = 0, grad_offset = 0, optimizer_offset = 0;
   for (const LayerSpec& layer : model.layers) {
-    placed.push_back({place(param_offset, layer.param_bytes, chunk_size),
-                      place(grad_offset, layer.grad_bytes, chunk_size),
-                      place(optimizer_offset, layer.optimizer_bytes, chunk_size)});
+    chunks.push_back(
+        {chunk_ids(0, place(param_offset, layer.param_bytes, chunk_size)),
+         chunk_ids(grad_base, place(grad_offset, layer.grad_bytes, chunk_size)),
+         chunk_ids(optimizer_base, place(optimizer_offset, layer.optimizer_bytes, chunk_size))});
   }
+  return layer_step_trace(model, chunks);
+}
 
+plan::StepTrace layer_step_trace(const ModelSpec& model, const std::vector<LayerChunks>& chunks) {
   plan::StepTrace trace;
   std::uint64_t live_activations = 0;
   for (std::size_t l = 0; l < model.layers.size(); ++l) {
     live_activations += model.layers[l].activation_bytes;
     plan::TracedOp op{
         "forward." + model.layers[l].name, model.layers[l].forward_ns, live_activations, {}};
-    use(op, 0, placed[l].params, false);
+    use(op, chunks[l].params, false);
     trace.ops.push_back(std::move(op));
   }
   for (std::size_t l = model.layers.size(); l-- > 0;) {
     plan::TracedOp op{
         "backward." + model.layers[l].name, model.layers[l].backward_ns, live_activations, {}};
-    use(op, 0, placed[l].params, false);
-    use(op, grad_base, placed[l].grads, true);
+    use(op, chunks[l].params, false);
+    use(op, chunks[l].grads, true);
     trace.ops.push_back(std::move(op));
     live_activations -= model.layers[l].activation_bytes;
   }
   for (std::size_t l = 0; l < model.layers.size(); ++l) {
     plan::TracedOp op{"optimizer." + model.layers[l].name, model.layers[l].optimizer_ns, 0, {}};
-    use(op, 0, placed[l].params, true);
-    use(op, grad_base, placed[l].grads, false);
-    use(op, optimizer_base, placed[l].optimizer, true);
+    use(op, chunks[l].params, true);
+    use(op, chunks[l].grads, false);
+    use(op, chunks[l].optimizer, true);
     trace.ops.push_back(std::move(op));
   }
   return trace;

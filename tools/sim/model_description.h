@@ -65,4 +65,15 @@ ModelSpec load_model(const std::string& path);
 // own run of chunks, layer after layer, and emits the step's ops.
 plan::StepTrace step_trace(const ModelSpec& model, std::uint64_t chunk_size);
 
+// The chunks one layer's data occupies, by what the step's ops do with them.
+struct LayerChunks {
+  std::vector<plan::PlanChunk> params, grads, optimizer;  // optimizer: master and moments
+};
+
+// The training step over given chunks, one LayerChunks per layer: forward
+// over the layers reading params, backward in reverse reading params and
+// writing grads, then one optimizer op per layer writing params and
+// optimizer state and reading grads. step_trace() is this over its layout.
+plan::StepTrace layer_step_trace(const ModelSpec& model, const std::vector<LayerChunks>& chunks);
+
 }  // namespace spillway::sim
