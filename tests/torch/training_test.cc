@@ -26,9 +26,15 @@ namespace {
 
 // 2 MiB chunks under a 6 MiB budget (3 chunks); the MLP's parameters and
 // gradients fill about a dozen chunks, so every step moves most of them.
-constexpr const char* kConf =
-    "device:sim,strict_residency:true,chunk_size:2MiB,device_budget:6MiB,"
-    "sim_capacity:256MiB,policy:lru";
+// The policy is LRU's, or SPILLWAY_TRAINING_TEST_POLICY's (tests/torch/
+// CMakeLists.txt runs every test again under policy:planned).
+std::string conf() {
+  const char* policy = std::getenv("SPILLWAY_TRAINING_TEST_POLICY");
+  return std::string(
+             "device:sim,strict_residency:true,chunk_size:2MiB,device_budget:6MiB,"
+             "sim_capacity:256MiB,policy:") +
+         (policy != nullptr ? policy : "lru");
+}
 
 constexpr int kSteps = 6;
 constexpr int kBatch = 16;
@@ -131,7 +137,7 @@ class Training {
       for (int i = 0; i < setup.freeze_first_parameters; ++i) params[i].requires_grad_(false);
     }
     if (managed_) {
-      spillway::configure(kConf);
+      spillway::configure(conf());
       spillway::manage(*model_.module);
       for (const torch::Tensor& param : model_.module->parameters())
         bound_grads_.push_back(
@@ -237,6 +243,12 @@ void expect_bit_identical(const TrainingSetup& setup) {
   EXPECT_GT(stat("evictions"), 0u);
   EXPECT_GT(stat("bytes_moved.h2d"), 0u);
   EXPECT_GT(stat("bytes_moved.d2h"), 0u);
+  // Under policy:planned the plan was followed: step 1 (with manage()'s own
+  // accesses) departs from step 2, step 3 is traced again, later steps follow.
+  const nlohmann::json policy = nlohmann::json::parse(spillway::memory_stats_json())["policy"];
+  if (policy["name"] == "planned") {
+    EXPECT_GE(policy["planned_steps"].get<int>(), kSteps - 4) << policy.dump();
+  }
   std::cout << "spillway stats: " << spillway::memory_stats_json() << "\n";
 }
 
@@ -349,7 +361,7 @@ TEST(TorchBridgeStrictResidencyDeathTest, RawReadOfAnEvictedParameterFaults) {
   EXPECT_EXIT(
       {
         ModelUnderTest model = make_mlp();
-        spillway::configure(kConf);
+        spillway::configure(conf());
         spillway::manage(*model.module);
         torch::optim::SGD optimizer(model.module->parameters(), torch::optim::SGDOptions(0.1));
         const torch::Tensor loss = model.forward(torch::randn({kBatch, kInputs})).sum();
