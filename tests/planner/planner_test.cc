@@ -134,6 +134,8 @@ TEST(Planner, EveryPlanStaysWithinEachMomentsBudget) {
     const Plan reserved = plan_step(c.trace, model, {}, {.prefetch_reserve = 1});
     ASSERT_EQ(check_plan(c.trace, model, reserved), std::nullopt) << "round " << round;
     ASSERT_GE(reserved.fetches, pure.fetches) << "round " << round;
+    const Plan headroom = plan_steady(c.trace, model, {.headroom_reserve = 2});
+    ASSERT_EQ(check_plan(c.trace, model, headroom), std::nullopt) << "round " << round;
   }
 }
 

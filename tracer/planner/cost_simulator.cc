@@ -9,6 +9,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "tracer/planner/headroom.h"
 #include "tracer/planner/planner.h"
 
 namespace spillway::plan {
@@ -206,6 +207,9 @@ SimResult simulate(const StepTrace& trace, const CostModel& model, SimPolicy pol
         break;
       }
       case SimPolicy::planned: {
+        if (plan_options.choose_headroom && steps > 1) {
+          plan_options.headroom_reserve = choose_headroom_reserve(trace, model, plan_options);
+        }
         LruResidency lru;
         if (steps > 0) run_lru(trace, capacity, timeline, lru, result);
         // A plan depends only on the residency it starts from, and that

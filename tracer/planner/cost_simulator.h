@@ -11,7 +11,8 @@
 //
 // Policies:
 //   planned  step 1 runs under LRU (the traced warmup step), later steps
-//            follow the planner's plan for the residency they start from;
+//            follow the planner's plan for the residency they start from,
+//            with the headroom choose_headroom_reserve picks for the trace;
 //   lru      demand fetch, evict the least recently used chunk, no prefetch;
 //   static   nothing moves: every chunk lives on the device, or it fails;
 //   belady   offline Belady over the whole run (all steps as one sequence),
@@ -59,8 +60,9 @@ struct StepBound {
   double bound_ns = 0;  // max(compute, h2d bytes / bw, d2h bytes / bw)
 };
 
-// `plan_options` are the planned policy's (the belady reference is always
-// pure offline Belady).
+// `plan_options` are the planned policy's, its headroom_reserve replaced by
+// choose_headroom_reserve's pick unless choose_headroom is off (the belady
+// reference is always pure offline Belady).
 SimResult simulate(const StepTrace& trace, const CostModel& model, SimPolicy policy,
                    std::size_t steps, PlanOptions plan_options = {});
 

@@ -90,6 +90,8 @@ Plan plan_step(const StepTrace& trace, const CostModel& model, const Residency& 
   const std::vector<std::size_t> capacity = chunk_capacity(trace, model);
   const NextUse next_use(trace, options.cyclic);
   const std::size_t reserve = options.prefetch_reserve;
+  const std::size_t tightest =
+      capacity.empty() ? 0 : *std::min_element(capacity.begin(), capacity.end());
   Plan plan;
   plan.ops.resize(n);
   plan.start = start;
@@ -109,8 +111,11 @@ Plan plan_step(const StepTrace& trace, const CostModel& model, const Residency& 
       if (!resident.contains(chunk)) missing.push_back(chunk);
     }
     std::vector<PlannedEviction> victims;
-    const std::size_t planned_capacity =
-        std::max(needed.size(), capacity[i] - std::min(capacity[i], reserve));
+    // Room kept free for prefetches: the reserve, plus headroom out of what
+    // this moment has above the tightest one.
+    const std::size_t headroom = std::min(options.headroom_reserve, capacity[i] - tightest);
+    const std::size_t free_room = std::min(capacity[i], reserve + headroom);
+    const std::size_t planned_capacity = std::max(needed.size(), capacity[i] - free_room);
     while (resident.size() + missing.size() > planned_capacity) {
       // Farthest next use leaves; on a tie a clean chunk, then the higher id.
       auto best = resident.end();

@@ -22,6 +22,11 @@
 // Write-back: a dirty victim is copied to the host right after its last
 // write, while it stays resident, so its eviction is free and the fetch
 // into its room does not wait for a device-to-host copy.
+//
+// Headroom: the tightest moment of a step sets how many chunks must move, so
+// at roomier moments (the optimizer phase, without activations) a chunk or
+// two can often be left free at no cost in bytes; fetches then start before
+// the op before them ends (PlanOptions::headroom_reserve, headroom.h).
 #pragma once
 
 #include <cstddef>
@@ -78,6 +83,17 @@ struct PlanOptions {
   // buys overlap; on the GPT benchmarks one op's worth cost more than it
   // gained (docs/planner.md), hence 0, pure Belady.
   std::size_t prefetch_reserve = 0;
+  // Chunks the Belady pass leaves free at each moment, taken only from the
+  // room that moment has above the step's tightest moment. The tightest
+  // moment sets how many chunks must move, so this room can often be spared
+  // at no cost in bytes, and a free chunk lets a fetch start before the op
+  // before it ends and without waiting for its victim's write-back (the
+  // optimizer phase). Whether it is free for a trace is checked by
+  // choose_headroom_reserve (headroom.h).
+  std::size_t headroom_reserve = 0;
+  // simulate()'s planned policy replaces headroom_reserve with
+  // choose_headroom_reserve's pick; plan_step and plan_steady ignore this.
+  bool choose_headroom = true;
 };
 
 // A step that cannot run within the budget: the message names the op and
