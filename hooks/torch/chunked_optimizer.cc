@@ -447,8 +447,15 @@ std::optional<ChunkedOptimizer::ParamState> ChunkedOptimizer::param_state(
 
 void ChunkedOptimizer::set_param_state(const torch::Tensor& param, const ParamState& state) {
   at::NoGradGuard no_grad;
-  place_all();  // slots for options changed since (a loaded momentum, say)
   ParamRecord* record = impl_->find(param);
+  // Placed afresh only when this state does not fit the placement: a
+  // parameter added since, or options that now need more slots (a loaded
+  // momentum, say). load() and a state dict's loop then place once, not per
+  // parameter.
+  if (record == nullptr || state.slots.size() > record->state.size()) {
+    place_all();
+    record = impl_->find(param);
+  }
   if (record == nullptr)
     throw std::invalid_argument("spillway optim: " + impl_->name +
                                 " holds no state for this parameter");
