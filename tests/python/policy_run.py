@@ -14,10 +14,10 @@ import json
 import sys
 
 import torch
-import torch.nn.functional as F
 
 import spillway
-from spillway_testing import SPILLING_CONF, WIDTH, make_mlp, mlp_batches, parameters_copy
+from spillway_testing import (SPILLING_CONF, WIDTH, make_mlp, mlp_batches, parameters_copy,
+                              train_step)
 
 
 class Branchy(torch.nn.Module):
@@ -40,14 +40,7 @@ class Branchy(torch.nn.Module):
 
 def train(model, batches):
     adam = torch.optim.Adam(model.parameters(), lr=1e-3)
-    losses = []
-    for x, y in batches:
-        adam.zero_grad()
-        loss = F.mse_loss(model(x), y)
-        loss.backward()
-        adam.step()
-        losses.append(loss.detach().clone())
-    return losses
+    return [train_step(model, adam, batch) for batch in batches]
 
 
 def main():

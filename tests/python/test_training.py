@@ -34,27 +34,26 @@ def assert_same(reference_losses, losses, reference_params, model):
         assert torch.equal(expected, got), f"parameter {index} differs"
 
 
+def train_interleaved(models, data):
+    """Each model with an Adam of its own, a step of each in turn; the losses per model."""
+    optimizers = [torch.optim.Adam(model.parameters(), lr=1e-3) for model in models]
+    losses = tuple([] for _ in models)
+    for step in range(STEPS):
+        for model, optimizer, batches, model_losses in zip(models, optimizers, data, losses):
+            model_losses.append(train_step(model, optimizer, batches[step]))
+    return losses
+
+
 def test_two_models_with_their_own_adam_interleaved_are_bit_identical():
     actor, critic = make_mlp(seed=1), TinyTransformer(seed=2)
     plain_actor, plain_critic = copy.deepcopy(actor), copy.deepcopy(critic)
     actor_data, critic_data = mlp_batches(3, STEPS), transformer_batches(4, STEPS)
 
-    plain_actor_adam = torch.optim.Adam(plain_actor.parameters(), lr=1e-3)
-    plain_critic_adam = torch.optim.Adam(plain_critic.parameters(), lr=1e-3)
-    plain_losses = ([], [])
-    for step in range(STEPS):
-        plain_losses[0].append(train_step(plain_actor, plain_actor_adam, actor_data[step]))
-        plain_losses[1].append(train_step(plain_critic, plain_critic_adam, critic_data[step]))
-
+    plain_losses = train_interleaved((plain_actor, plain_critic), (actor_data, critic_data))
     before = spillway.memory_stats()
     spillway.manage(actor)
     spillway.manage(critic)
-    actor_adam = torch.optim.Adam(actor.parameters(), lr=1e-3)
-    critic_adam = torch.optim.Adam(critic.parameters(), lr=1e-3)
-    losses = ([], [])
-    for step in range(STEPS):
-        losses[0].append(train_step(actor, actor_adam, actor_data[step]))
-        losses[1].append(train_step(critic, critic_adam, critic_data[step]))
+    losses = train_interleaved((actor, critic), (actor_data, critic_data))
 
     assert_same(plain_losses[0], losses[0], parameters_copy(plain_actor), actor)
     assert_same(plain_losses[1], losses[1], parameters_copy(plain_critic), critic)
