@@ -280,6 +280,10 @@ Status ChunkManager::acquire(TensorId id, Stream stream, void** device_ptr, Acce
     }
     ++chunk.device_users;
     if (access == AccessMode::read_write) chunk.host_current = false;
+    // After its fetch, if any, before the prefetches it starts (Note [Op
+    // events] in tracer/op_tracer.h).
+    trace_chunk_locked(TraceEventKind::chunk_access, chunk, static_cast<std::uint64_t>(id),
+                       access == AccessMode::read_write ? kTraceDetailReadWrite : kTraceDetailRead);
     if (chunk.fetch_pending && device_.query_event(chunk.fetched) == Status::ok) {
       chunk.fetch_pending = false;
     }
@@ -323,6 +327,7 @@ Status ChunkManager::release(TensorId id, Stream stream) {
   Chunk& chunk = *find_chunk_locked(tensor->chunk);
   record_release_locked(chunk, stream);
   --chunk.device_users;
+  trace_chunk_locked(TraceEventKind::chunk_release, chunk, static_cast<std::uint64_t>(id));
   if (--tensor->device_users == 0 && tensor->host_users == 0) {
     tensor->state = TensorState::hold;
     ++chunk.held_tensors;

@@ -72,8 +72,9 @@ class ChunkManager final : public PressureHandler {
  public:
   // Registers itself as a pressure handler of `allocator` until destroyed.
   // `policy` null: LRU. Device payloads come from `allocator`; host payloads
-  // from a HostPool of the manager's own. Chunk moves, stalls and step
-  // boundaries go to `trace` when set (docs/trace-format.md, version 2).
+  // from a HostPool of the manager's own. Chunk moves, stalls, device
+  // acquires and releases, and step boundaries go to `trace` when set
+  // (docs/trace-format.md, version 3).
   // `device`, `allocator` and `trace` must outlive the manager.
   ChunkManager(Device& device, CachingAllocator& allocator, ChunkManagerOptions options,
                std::unique_ptr<EvictionPolicy> policy = nullptr, TraceSink* trace = nullptr);

@@ -165,6 +165,7 @@ bool Runtime::build() {
       SPILLWAY_LOG(error, "{}", activation_error_);
       return false;
     }
+    op_tracer_ = std::make_unique<OpTracer>(*recorder_);
   }
 
   CachingAllocatorOptions options;

@@ -31,6 +31,7 @@
 #include "allocator/chunk_manager.h"
 #include "allocator/config.h"
 #include "allocator/device/device.h"
+#include "tracer/op_tracer.h"
 #include "tracer/trace_recorder.h"
 
 namespace spillway {
@@ -74,6 +75,8 @@ class Runtime {
   Stats stats() const;
   // Null unless the `trace` option is set.
   TraceRecorder* trace_recorder() const { return recorder_.get(); }
+  // Where the op hooks record op events; null unless the `trace` option is set.
+  OpTracer* op_tracer() const { return op_tracer_.get(); }
 
   // Everything traced so far reaches the trace file. False (with *error) on a
   // write error; true when there is no trace.
@@ -98,6 +101,7 @@ class Runtime {
   Config config_;
   std::unique_ptr<Device> device_;
   std::unique_ptr<TraceRecorder> recorder_;
+  std::unique_ptr<OpTracer> op_tracer_;  // on recorder_
   std::unique_ptr<CachingAllocator> owned_allocator_;
   std::unique_ptr<ChunkManager> chunk_manager_;  // after the allocator it draws on
   std::atomic<CachingAllocator*> allocator_{nullptr};

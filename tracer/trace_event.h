@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 namespace spillway {
 
@@ -21,28 +22,40 @@ enum class TraceEventKind : std::uint8_t {
   chunk_drop = 8,       // device copy given back; size: its capacity
   stall = 9,            // the host waited for chunk moves; size: nanoseconds
   step = 10,            // iteration boundary; address: the step just finished
+  // Format version 3: ops and chunk uses. Note [Op events] in op_tracer.h;
+  // the exact fields are in docs/trace-format.md.
+  op_name = 11,        // one piece of an op name's definition (op_name_records.h)
+  op_begin = 12,       // an op that touches managed tensors starts
+  op_end = 13,         // ... and ends; size: its duration in nanoseconds
+  chunk_access = 14,   // a tensor of the chunk acquired on the device; size: the TensorId
+  chunk_release = 15,  // ... and released; size: the TensorId
 };
 
 // TraceEvent::detail of chunk_fetch and chunk_drop.
 inline constexpr std::uint16_t kTraceDetailPrefetch = 1;  // chunk_fetch: started by prefetch()
 inline constexpr std::uint16_t kTraceDetailEviction = 1;  // chunk_drop: evicted for room
+// TraceEvent::detail of chunk_access: the AccessMode (never 0).
+inline constexpr std::uint16_t kTraceDetailRead = 1;
+inline constexpr std::uint16_t kTraceDetailReadWrite = 2;
 
 // The largest kind each format version knows.
 inline constexpr TraceEventKind kLastTraceEventKindV1 = TraceEventKind::oom;
-inline constexpr TraceEventKind kLastTraceEventKind = TraceEventKind::step;
+inline constexpr TraceEventKind kLastTraceEventKindV2 = TraceEventKind::step;
+inline constexpr TraceEventKind kLastTraceEventKind = TraceEventKind::chunk_release;
 
 struct TraceEvent {
   std::uint64_t time_ns = 0;  // Device::now_ns()
   TraceEventKind kind = TraceEventKind::alloc;
   // Allocator events: the stream handle as an integer (0: default stream).
-  // Chunk events: the chunk's capacity in bytes.
+  // Chunk events: the chunk's capacity in bytes. Op events: the thread.
   std::uint64_t stream = 0;
-  std::uint64_t address = 0;  // block or segment; chunk id; step number
+  std::uint64_t address = 0;  // block or segment; chunk id; step number; op sequence number
   std::uint64_t size = 0;
   // Last, so that {time, kind, stream, address, size} still initializes the
   // allocator's events.
-  std::uint16_t detail = 0;  // chunk events: kTraceDetail*; zero otherwise
-  std::uint32_t client = 0;  // chunk and stall events: the ClientId; zero otherwise
+  std::uint16_t detail = 0;  // chunk events: kTraceDetail*; op_name: the piece; zero otherwise
+  // Chunk and stall events: the ClientId; op events: the op-name id; zero otherwise.
+  std::uint32_t client = 0;
 };
 
 // Where events go. Implementations must be thread-safe: the allocator calls
@@ -51,6 +64,9 @@ class TraceSink {
  public:
   virtual ~TraceSink() = default;
   virtual void record(const TraceEvent& event) = 0;
+  // Records the events in order with no other thread's event between them
+  // (an op name's pieces must be consecutive in the file).
+  virtual void record_together(std::span<const TraceEvent> events) = 0;
 };
 
 }  // namespace spillway

@@ -1,5 +1,6 @@
-// Trace file (versions 1 and 2): writer and validating reader. Layout: trace_file.h
-// and docs/trace-format.md (keep the two in step with the offsets below).
+// Trace file (versions 1 to 3): writer and validating reader. Layout: trace_file.h
+// and docs/trace-format.md (keep the two in step with the offsets below and
+// in trace_record_layout.h).
 #include "tracer/trace_file.h"
 
 #include <array>
@@ -7,6 +8,10 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+
+#include "tracer/op_event_check.h"
+#include "tracer/op_name_records.h"
+#include "tracer/trace_record_layout.h"
 
 namespace spillway {
 
@@ -21,16 +26,6 @@ constexpr std::size_t kMetadataCountOffset = 24;
 constexpr std::size_t kFlagsOffset = 28;
 constexpr std::size_t kHeaderCrcOffset = 32;
 constexpr std::size_t kReservedOffset = 36;
-
-// Record offsets.
-constexpr std::size_t kRecordTimeOffset = 0;
-constexpr std::size_t kRecordKindOffset = 8;
-// Reserved (zero) in version 1; version 2's detail and client.
-constexpr std::size_t kRecordDetailOffset = 10;
-constexpr std::size_t kRecordClientOffset = 12;
-constexpr std::size_t kRecordStreamOffset = 16;
-constexpr std::size_t kRecordAddressOffset = 24;
-constexpr std::size_t kRecordSizeFieldOffset = 32;
 
 // Caps that keep a corrupt length from asking for gigabytes.
 constexpr std::size_t kMaxMetadataBytes = 1 << 20;
@@ -130,7 +125,9 @@ void encode_event(unsigned char* out, const TraceEvent& e) {
 
 // Kinds are numbered densely from 1; each version knows a prefix of them.
 bool is_event_kind_of_version(std::uint64_t kind, std::uint64_t version) {
-  const TraceEventKind last = version == 1 ? kLastTraceEventKindV1 : kLastTraceEventKind;
+  const TraceEventKind last = version == 1   ? kLastTraceEventKindV1
+                              : version == 2 ? kLastTraceEventKindV2
+                                             : kLastTraceEventKind;
   return kind >= 1 && kind <= static_cast<std::uint64_t>(last);
 }
 
@@ -143,6 +140,32 @@ std::string hex32(std::uint64_t v) {
   char text[16];
   std::snprintf(text, sizeof text, "0x%08llx", static_cast<unsigned long long>(v));
   return text;
+}
+
+// Version 3's rules, beyond the kind: op names defined before use, in
+// consecutive pieces; op_begin/op_end coherent; chunk_access says how.
+// Earlier versions never get here with these kinds.
+std::optional<TraceRecordProblem> check_version3_record(const TraceEvent& event,
+                                                        OpNameAssembler& op_names,
+                                                        OpEventCheck& op_events) {
+  if (auto problem = op_names.add(event)) return problem;
+  switch (event.kind) {
+    case TraceEventKind::op_begin:
+    case TraceEventKind::op_end:
+      return op_events.check(event, op_names.names());
+    case TraceEventKind::chunk_access:
+      if (event.detail != kTraceDetailRead && event.detail != kTraceDetailReadWrite)
+        return TraceRecordProblem{
+            kRecordDetailOffset,
+            "chunk_access detail " + std::to_string(event.detail) + " (1 read, 2 read_write)"};
+      return std::nullopt;
+    case TraceEventKind::chunk_release:
+      if (event.detail != 0)
+        return TraceRecordProblem{kRecordDetailOffset, "chunk_release detail is not zero"};
+      return std::nullopt;
+    default:
+      return std::nullopt;
+  }
 }
 
 // Builds "byte offset N: what" errors.
@@ -348,6 +371,8 @@ TraceReadResult parse_trace(std::string_view bytes, TraceReadOptions options) {
 
   // Records.
   std::uint32_t records_crc = 0;
+  OpNameAssembler op_names;  // version 3: op_name runs
+  OpEventCheck op_events;    // version 3: op_begin/op_end coherence
   std::size_t offset = header_size;
   while (true) {
     if (offset == file_size) {
@@ -363,12 +388,20 @@ TraceReadResult parse_trace(std::string_view bytes, TraceReadOptions options) {
     const std::uint64_t kind = load_le(r + kRecordKindOffset, 2);
     const std::uint64_t detail = load_le(r + kRecordDetailOffset, 2);
     const std::uint64_t client = load_le(r + kRecordClientOffset, 4);
+    // The kind first: a kind the version does not define says more than its fields.
+    if (kind != kTraceEndRecordKind && !is_event_kind_of_version(kind, version))
+      return fail_at(offset + kRecordKindOffset, "unknown event kind " + std::to_string(kind) +
+                                                     " for format version " +
+                                                     std::to_string(version));
     const bool has_detail_fields =
         version >= 2 && kind != kTraceEndRecordKind && !is_allocator_event_kind(kind);
     if (!has_detail_fields && (detail != 0 || client != 0))
       return fail_at(offset + kRecordDetailOffset,
                      "reserved bytes of the record are not zero (corrupt record)");
     if (kind == kTraceEndRecordKind) {
+      if (op_names.in_progress())
+        return fail_at(offset + kRecordKindOffset,
+                       "end record inside an op_name definition (its pieces are missing)");
       const std::uint64_t count = load_le(r + kRecordAddressOffset, 8);
       const std::uint64_t crc = load_le(r + kRecordSizeFieldOffset, 8);
       if (load_le(r + kRecordStreamOffset, 8) != 0)
@@ -390,10 +423,6 @@ TraceReadResult parse_trace(std::string_view bytes, TraceReadOptions options) {
       contents.end_time_ns = load_le(r + kRecordTimeOffset, 8);
       break;
     }
-    if (!is_event_kind_of_version(kind, version))
-      return fail_at(offset + kRecordKindOffset, "unknown event kind " + std::to_string(kind) +
-                                                     " for format version " +
-                                                     std::to_string(version));
     TraceEvent event;
     event.time_ns = load_le(r + kRecordTimeOffset, 8);
     event.kind = static_cast<TraceEventKind>(kind);
@@ -402,10 +431,14 @@ TraceReadResult parse_trace(std::string_view bytes, TraceReadOptions options) {
     event.size = load_le(r + kRecordSizeFieldOffset, 8);
     event.detail = static_cast<std::uint16_t>(detail);
     event.client = static_cast<std::uint32_t>(client);
+    if (auto problem = check_version3_record(event, op_names, op_events))
+      return fail_at(offset + problem->field_offset, problem->what);
     contents.events.push_back(event);
     records_crc = crc32_update(records_crc, r, kTraceRecordBytes);
     offset += kTraceRecordBytes;
   }
+  // A definition cut by a missing end record (allow_missing_end) is left out.
+  contents.op_names = op_names.names();
   TraceReadResult result;
   result.trace = std::move(contents);
   return result;

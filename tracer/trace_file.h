@@ -1,4 +1,4 @@
-// Trace file, format version 2: the binary file behind the `trace` option,
+// Trace file, format version 3: the binary file behind the `trace` option,
 // read by spillway-replay and spillway-report. Layout in docs/trace-format.md.
 //
 // Design summary:
@@ -15,14 +15,18 @@
 //  - Reading never throws and never trusts a length before checking it: every
 //    rejection is an error string that names the byte offset.
 //  - Version 2 added chunk moves, stalls and step boundaries (new kinds, and
-//    the record's two reserved fields became `detail` and `client`). The
-//    writer writes version 2; the reader reads 1 and 2, checking each
-//    record's kind against its file's version, and rejects newer versions by
-//    number.
+//    the record's two reserved fields became `detail` and `client`).
+//    Version 3 added op begin/end, chunk access/release and op-name records
+//    (Note [Op events] in op_tracer.h; op_name_records.h). The writer writes
+//    version 3; the reader reads 1 to 3, checking each record's kind against
+//    its file's version and version 3's records for coherence (names defined
+//    before use, ops closed by their own op_end), and rejects newer versions
+//    by number.
 #pragma once
 
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -36,7 +40,7 @@
 namespace spillway {
 
 inline constexpr char kTraceMagic[8] = {'S', 'P', 'W', 'T', 'R', 'A', 'C', 'E'};
-inline constexpr std::uint32_t kTraceFormatVersion = 2;        // what the writer writes
+inline constexpr std::uint32_t kTraceFormatVersion = 3;        // what the writer writes
 inline constexpr std::uint32_t kOldestTraceFormatVersion = 1;  // the oldest the reader reads
 inline constexpr std::size_t kTraceFixedHeaderBytes = 40;
 inline constexpr std::size_t kTraceRecordBytes = 40;
@@ -98,7 +102,11 @@ struct TraceReadOptions {
 struct TraceFileContents {
   std::uint32_t format_version = 0;
   TraceMetadata metadata;
+  // Every record but the end record, op_name pieces included.
   std::vector<TraceEvent> events;
+  // Version 3: op-name id -> name, from the op_name records; op_begin and
+  // op_end carry the id in TraceEvent::client.
+  std::map<std::uint32_t, std::string> op_names;
   bool finished = false;  // the end record was present and checked
   std::uint64_t end_time_ns = 0;
   std::uint64_t first_record_offset = 0;  // events[i] is at first_record_offset + 40 * i

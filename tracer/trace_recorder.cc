@@ -46,6 +46,29 @@ void TraceRecorder::record(const TraceEvent& event) {
   }
 }
 
+// Like record(), for a run of events that must stay consecutive: they go
+// into one batch (a fresh one when the current batch lacks room), so a crash
+// cuts the file before or after them, never inside (unless the run is longer
+// than a batch).
+void TraceRecorder::record_together(std::span<const TraceEvent> events) {
+  std::unique_lock lock(mutex_);
+  auto lacks_room = [&] { return current_.size() + events.size() > options_.batch_events; };
+  while (!closed_ && !failed_ && !current_.empty() && lacks_room() &&
+         pending_.size() >= options_.max_pending_batches) {
+    done_cv_.wait(lock);
+  }
+  if (closed_ || failed_) {
+    dropped_ += events.size();
+    return;
+  }
+  if (!current_.empty() && lacks_room()) submit_current_locked();
+  current_.insert(current_.end(), events.begin(), events.end());
+  recorded_ += events.size();
+  if (current_.size() >= options_.batch_events && pending_.size() < options_.max_pending_batches) {
+    submit_current_locked();
+  }
+}
+
 void TraceRecorder::submit_current_locked() {
   pending_.push_back(std::move(current_));
   if (!spare_.empty()) {

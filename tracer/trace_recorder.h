@@ -56,6 +56,7 @@ class TraceRecorder final : public TraceSink {
   TraceRecorder& operator=(const TraceRecorder&) = delete;
 
   void record(const TraceEvent& event) override;
+  void record_together(std::span<const TraceEvent> events) override;
 
   // Returns once every event recorded before the call is in the file (handed
   // to the operating system). False after a write error.

@@ -12,6 +12,7 @@
 #include <iterator>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "allocator/runtime.h"
 #include "hooks/torch/spillway_torch.h"
@@ -59,10 +60,16 @@ void dump_trace(const std::string& path) {
     throw std::runtime_error("spillway::dump_trace: " + live + ": " + size_error.message());
   TraceReadOptions options;
   options.allow_missing_end = true;
-  const TraceReadResult read = parse_trace(read_prefix(live, size), options);
+  TraceReadResult read = parse_trace(read_prefix(live, size), options);
   if (!read.ok()) throw std::runtime_error("spillway::dump_trace: " + live + ": " + read.error);
-  const std::string bytes =
-      encode_trace(read.trace->metadata, read.trace->events, runtime.device().now_ns());
+  // The prefix may stop inside an op name's definition (the writer was
+  // appending): its pieces would make the snapshot incoherent, so they go.
+  std::vector<TraceEvent> events = std::move(read.trace->events);
+  while (!events.empty() && events.back().kind == TraceEventKind::op_name &&
+         !read.trace->op_names.contains(events.back().client)) {
+    events.pop_back();
+  }
+  const std::string bytes = encode_trace(read.trace->metadata, events, runtime.device().now_ns());
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   out.close();

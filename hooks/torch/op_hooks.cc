@@ -27,13 +27,22 @@
 //  - Note [Gradients replaced by autograd] (grad_binding.cc): when an op uses
 //    a managed parameter whose param.grad autograd replaced, the fresh
 //    gradient is copied into its grad chunk first.
+//  - Note [Traced ops]: when the `trace` option is set (Runtime::op_tracer()
+//    non-null), an op with managed inputs is bracketed by op_begin before its
+//    acquires and op_end after its releases (Note [Op events] in
+//    tracer/op_tracer.h), so its chunk_access/chunk_release records and the
+//    fetches they cause fall inside. A thread-local holds the innermost traced
+//    op, the parent of the next. Without a trace this costs one null check
+//    per op with managed inputs.
 //  - Note [Python optimizers mark the step]: torch.optim wraps every
 //    optimizer's step in a record function named "Optimizer.step#<Class>.step"
 //    (user scope). Its end is the iteration boundary, so a second callback
 //    calls spillway::step() there and a Python training loop needs no call of
 //    its own. The callback looks at nothing but the name.
+#include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <string_view>
 #include <unordered_map>
@@ -54,6 +63,8 @@ namespace spillway::torch_bridge {
 namespace {
 
 thread_local bool t_hook_suppressed = false;
+// Note [Traced ops]: the sequence number of this thread's innermost traced op.
+thread_local std::uint64_t t_current_op = 0;
 
 // Note [Which inputs an op writes].
 struct OpWrites {
@@ -102,9 +113,10 @@ struct ManagedInput {
   bool written = false;
 };
 
-// What on_op_end releases, and on which stream.
+// What on_op_end releases, and on which stream; the op when traced.
 struct OpAcquisitions final : at::ObserverContext {
   c10::SmallVector<std::pair<TensorId, Stream>, 4> acquired;
+  std::optional<TracedOp> traced;  // Note [Traced ops]
 };
 
 struct OpStream {
@@ -167,8 +179,14 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   }
   if (managed.empty()) return nullptr;
 
-  ChunkManager& chunks = Runtime::process().chunk_manager();
+  Runtime& runtime = Runtime::process();
+  ChunkManager& chunks = runtime.chunk_manager();
   auto acquisitions = std::make_unique<OpAcquisitions>();
+  if (OpTracer* tracer = runtime.op_tracer()) {
+    acquisitions->traced =
+        tracer->begin(fn.name(), t_current_op, trace_thread_id(), runtime.device().now_ns());
+    t_current_op = acquisitions->traced->sequence;
+  }
   for (ManagedInput& input : managed) {
     if (input.binding.managed != nullptr && input.binding.kind == TensorKind::param) {
       try {
@@ -193,11 +211,16 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
 void on_op_end(const at::RecordFunction& fn, at::ObserverContext* context) {
   auto* acquisitions = static_cast<OpAcquisitions*>(context);
   if (acquisitions == nullptr) return;
-  ChunkManager& chunks = Runtime::process().chunk_manager();
+  Runtime& runtime = Runtime::process();
+  ChunkManager& chunks = runtime.chunk_manager();
   for (const auto& [tensor, stream] : acquisitions->acquired) {
     if (chunks.release(tensor, stream) != Status::ok)
       SPILLWAY_LOG(error, "op {}: releasing a managed input failed: {}", fn.name(),
                    ChunkManager::last_error());
+  }
+  if (const std::optional<TracedOp>& op = acquisitions->traced) {
+    runtime.op_tracer()->end(*op, runtime.device().now_ns());
+    if (t_current_op == op->sequence) t_current_op = op->parent;
   }
 }
 

@@ -1,6 +1,7 @@
-// The chunk manager's trace events (format version 2): every move, stall and
-// step boundary is recorded with its client, chunk and bytes, in the order of
-// effects, and the events add up to the manager's own statistics.
+// The chunk manager's trace events (format versions 2 and 3): every move,
+// stall, device acquire and release and step boundary is recorded with its
+// client, chunk and bytes, in the order of effects, and the events add up to
+// the manager's own statistics.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -135,6 +136,67 @@ TEST(ChunkTraceEvents, PrefetchesAndStallsAreMarked) {
   const auto drops = log.of_kind(TraceEventKind::chunk_drop);
   ASSERT_EQ(drops.size(), 1u);
   EXPECT_EQ(drops[0].detail, kTraceDetailEviction);  // evict() is an eviction too
+}
+
+// Version 3: every device acquire is a chunk_access after the chunk's fetch,
+// every release a chunk_release; nested acquires each record one.
+TEST(ChunkTraceEvents, AccessesAndReleasesBracketTheUsesAroundFetches) {
+  RecordingTraceSink log;
+  ChunkRigOptions options;
+  options.chunk_budget = options.chunk_size;  // one resident chunk: b evicts a
+  options.trace = &log;
+  ChunkRig rig(options);
+  ChunkManager& chunks = *rig.chunks;
+  const ClientId model = chunks.add_client("model");
+  const TensorId a = register_ok(chunks, model, 1536 * KiB, "a");
+  const TensorId b = register_ok(chunks, model, 1536 * KiB, "b");
+  const auto chunk_a = static_cast<std::uint64_t>(chunks.tensor_info(a)->chunk);
+  const auto chunk_b = static_cast<std::uint64_t>(chunks.tensor_info(b)->chunk);
+  ASSERT_NE(chunk_a, chunk_b);
+
+  void* data = nullptr;
+  ASSERT_EQ(chunks.acquire(a, {}, &data, AccessMode::read_write, WaitMode::host), Status::ok);
+  ASSERT_EQ(chunks.release(a, {}), Status::ok);
+  ASSERT_EQ(chunks.acquire(b, {}, &data, AccessMode::read, WaitMode::host), Status::ok);
+  ASSERT_EQ(chunks.acquire(b, {}, &data, AccessMode::read, WaitMode::host), Status::ok);
+  ASSERT_EQ(chunks.release(b, {}), Status::ok);
+  ASSERT_EQ(chunks.release(b, {}), Status::ok);
+  // Failed calls record nothing.
+  EXPECT_NE(chunks.release(b, {}), Status::ok);
+  EXPECT_NE(chunks.acquire(TensorId{999}, {}, &data), Status::ok);
+  chunks.synchronize();
+
+  struct Step {
+    TraceEventKind kind;
+    std::uint64_t chunk;
+    std::uint16_t detail;
+  };
+  const std::vector<Step> want = {
+      {TraceEventKind::chunk_fetch, chunk_a, 0},
+      {TraceEventKind::chunk_access, chunk_a, kTraceDetailReadWrite},
+      {TraceEventKind::chunk_release, chunk_a, 0},
+      {TraceEventKind::chunk_writeback, chunk_a, 0},  // dirty, evicted for b
+      {TraceEventKind::chunk_drop, chunk_a, kTraceDetailEviction},
+      {TraceEventKind::chunk_fetch, chunk_b, 0},
+      {TraceEventKind::chunk_access, chunk_b, kTraceDetailRead},
+      {TraceEventKind::chunk_access, chunk_b, kTraceDetailRead},
+      {TraceEventKind::chunk_release, chunk_b, 0},
+      {TraceEventKind::chunk_release, chunk_b, 0},
+  };
+  std::vector<TraceEvent> got;
+  for (const TraceEvent& e : log.events())
+    if (e.kind >= TraceEventKind::chunk_fetch && e.kind != TraceEventKind::stall) got.push_back(e);
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i].kind, want[i].kind) << i;
+    EXPECT_EQ(got[i].address, want[i].chunk) << i;
+    EXPECT_EQ(got[i].detail, want[i].detail) << i;
+    EXPECT_EQ(got[i].client, static_cast<std::uint32_t>(model)) << i;
+    EXPECT_EQ(got[i].stream, options.chunk_size) << i;  // the chunk's capacity
+    if (got[i].kind == TraceEventKind::chunk_access || got[i].kind == TraceEventKind::chunk_release)
+      EXPECT_EQ(got[i].size, static_cast<std::uint64_t>(got[i].address == chunk_a ? a : b)) << i;
+    if (i > 0) EXPECT_LE(got[i - 1].time_ns, got[i].time_ns) << i;
+  }
 }
 
 TEST(ChunkTraceEvents, StepsAreNumberedFromOne) {

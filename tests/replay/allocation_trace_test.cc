@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "tracer/op_name_records.h"
+
 namespace spillway {
 namespace {
 
@@ -92,6 +94,26 @@ TEST(replay_BinaryTrace, EventsKeepTheirOffsetsAndSegmentsGiveTheRecordedPeak) {
   EXPECT_EQ(trace.where(trace.events[1]), "byte offset 240");
   EXPECT_EQ(trace.recorded_peak_reserved_bytes, (2u << 20) + (8u << 20));
   EXPECT_EQ(trace.recorded_ooms, 1u);
+}
+
+// Version 3's op and chunk-use records are skipped; the allocations keep
+// their offsets.
+TEST(replay_BinaryTrace, Version3OpEventsAreIgnored) {
+  std::vector<TraceEvent> events = op_name_records(1, "aten::linear", 1);  // records 0, 1
+  events.push_back({2, TraceEventKind::op_begin, 9, 1, 0, 0, 1});
+  events.push_back({3, TraceEventKind::alloc, 0, 0x1000, 700});  // record 3
+  events.push_back({4, TraceEventKind::chunk_access, 1024, 0, 5, kTraceDetailRead, 0});
+  events.push_back({5, TraceEventKind::chunk_release, 1024, 0, 5, 0, 0});
+  events.push_back({6, TraceEventKind::free, 0, 0x1000, 700});  // record 6
+  events.push_back({7, TraceEventKind::op_end, 9, 1, 5, 0, 1});
+  const TraceReadResult read = parse_trace(encode_trace({}, events));
+  ASSERT_TRUE(read.ok()) << read.error;
+  const AllocationTrace trace = allocation_trace_from(*read.trace);
+  ASSERT_EQ(trace.events.size(), 2u);
+  EXPECT_EQ(trace.events[0].kind, Kind::alloc);
+  EXPECT_EQ(trace.events[0].location, 40u + 3 * 40u);
+  EXPECT_EQ(trace.events[1].kind, Kind::free);
+  EXPECT_EQ(trace.events[1].location, 40u + 6 * 40u);
 }
 
 TEST(replay_BinaryTrace, ReadsTheTraceThatTheGeneratorWroteFromTheSpec) {

@@ -13,6 +13,8 @@
 
 #include "tests/report/chrome_trace_validation.h"
 #include "tests/report/synthetic_traces.h"
+#include "tests/tracer/trace_test_support.h"
+#include "tracer/op_name_records.h"
 #include "tracer/trace_file.h"
 
 namespace {
@@ -91,8 +93,8 @@ TEST(ReportCli, VersionTwoFile) {
   const spillway::TraceFileContents demo = spillway::report::testing::demo_v2_trace();
   const fs::path dir = kWorkDir / "cli" / "v2";
   fs::create_directories(dir);
-  std::ofstream(dir / "demo.trace", std::ios::binary)
-      << spillway::encode_trace(demo.metadata, demo.events);
+  std::ofstream(dir / "demo.trace", std::ios::binary) << spillway::testing::with_format_version(
+      spillway::encode_trace(demo.metadata, demo.events), 2);
   const RunResult run =
       run_report("v2", quoted(dir / "demo.trace") + " --summary -o " + quoted(dir / "report.html") +
                            " --chrome " + quoted(dir / "trace.json"));
@@ -103,6 +105,41 @@ TEST(ReportCli, VersionTwoFile) {
   const std::string html = read_file(dir / "report.html");
   EXPECT_NE(html.find("Chunk residency on the device, per client"), std::string::npos);
   EXPECT_EQ(html.find("no chunk events"), std::string::npos);
+  const nlohmann::json document = nlohmann::json::parse(read_file(dir / "trace.json"));
+  spillway::report::testing::expect_valid_chrome_trace(document);
+}
+
+// Version 3: ops are counted per step in the summary; the other outputs
+// accept the file.
+TEST(ReportCli, VersionThreeFileCountsOpsPerStep) {
+  using spillway::TraceEvent;
+  using K = spillway::TraceEventKind;
+  std::vector<TraceEvent> events = spillway::op_name_records(1, "aten::addmm", 10);
+  std::uint64_t time = 10, sequence = 0;
+  auto op = [&] {
+    ++sequence;
+    events.push_back({time += 10, K::op_begin, 7, sequence, 0, 0, 1});
+    events.push_back({time += 10, K::chunk_access, 1024, 0, 3, spillway::kTraceDetailRead, 0});
+    events.push_back({time += 10, K::chunk_release, 1024, 0, 3, 0, 0});
+    events.push_back({time += 10, K::op_end, 7, sequence, 30, 0, 1});
+  };
+  op(), op(), op();
+  events.push_back({time += 10, K::step, 0, 1, 0});
+  op(), op();
+  events.push_back({time += 10, K::step, 0, 2, 0});
+  op();
+  const fs::path dir = kWorkDir / "cli" / "v3";
+  fs::create_directories(dir);
+  std::ofstream(dir / "ops.trace", std::ios::binary) << spillway::encode_trace({}, events);
+  const RunResult run =
+      run_report("v3", quoted(dir / "ops.trace") + " --summary -o " + quoted(dir / "report.html") +
+                           " --chrome " + quoted(dir / "trace.json"));
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_NE(run.out.find("format version: 3"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("ops: 6 traced (1 distinct names), 6 chunk accesses"), std::string::npos)
+      << run.out;
+  EXPECT_NE(run.out.find("ops per step: 3, 2 (+1 after the last step)"), std::string::npos)
+      << run.out;
   const nlohmann::json document = nlohmann::json::parse(read_file(dir / "trace.json"));
   spillway::report::testing::expect_valid_chrome_trace(document);
 }

@@ -125,8 +125,8 @@ TEST(ReportModel, AllocatorOnlyTraceFromEncodedBytes) {
   EXPECT_EQ(model.totals.steps, 0u);
 }
 
-// Once the writer writes version 2, chunk events survive the file round
-// trip and give the same model as the in-memory trace.
+// Chunk events survive the file round trip (the writer's current version)
+// and give the same model as the in-memory trace.
 TEST(ReportModel, VersionTwoTraceThroughTheFileFormat) {
   if (kTraceFormatVersion < 2) GTEST_SKIP() << "the trace writer does not write version 2 yet";
   const TraceFileContents original = testing::small_v2_trace();

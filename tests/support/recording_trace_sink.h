@@ -15,6 +15,10 @@ class RecordingTraceSink final : public TraceSink {
     std::lock_guard lock(mutex_);
     events_.push_back(event);
   }
+  void record_together(std::span<const TraceEvent> events) override {
+    std::lock_guard lock(mutex_);
+    events_.insert(events_.end(), events.begin(), events.end());
+  }
   std::vector<TraceEvent> events() const {
     std::lock_guard lock(mutex_);
     return events_;

@@ -1,5 +1,6 @@
-// Trace file v1: round trip, and rejection of every truncation, every header
-// bit flip, every record bit flip and unknown versions, each with its offset.
+// Trace file: round trip, and rejection of every truncation, every header
+// bit flip, every record bit flip and unknown versions, each with its offset;
+// versions 1 and 2 still read. Version 3's records: trace_file_v3_test.cc.
 #include "tracer/trace_file.h"
 
 #include <gtest/gtest.h>
@@ -11,8 +12,12 @@
 #include <string>
 #include <vector>
 
+#include "tests/tracer/trace_test_support.h"
+
 namespace spillway {
 namespace {
+
+using testing::with_format_version;
 
 std::vector<TraceEvent> sample_events() {
   return {
@@ -95,7 +100,7 @@ TEST(tracer_TraceFile, LayoutMatchesTheDocumentedOffsets) {
            std::uint32_t(std::uint8_t(bytes[at + 2])) << 16 |
            std::uint32_t(std::uint8_t(bytes[at + 3])) << 24;
   };
-  EXPECT_EQ(u32(8), 2u);    // version
+  EXPECT_EQ(u32(8), 3u);    // version
   EXPECT_EQ(u32(12), 56u);  // header size: align8(40 + 4+1+4+1)
   EXPECT_EQ(u32(16), 40u);  // record size
   EXPECT_EQ(u32(20), 10u);  // metadata size
@@ -163,11 +168,11 @@ TEST(tracer_TraceFile, HeaderBitFlipNamesAPlausibleOffset) {
 
 TEST(tracer_TraceFile, NewerAndInvalidVersionsAreRejectedByNumber) {
   std::string bytes = encode_trace(sample_metadata(), sample_events());
-  bytes[8] = 3;  // version 3, header CRC now stale: the version is checked first
+  bytes[8] = 4;  // version 4, header CRC now stale: the version is checked first
   TraceReadResult result = parse_trace(bytes);
   ASSERT_FALSE(result.ok());
-  EXPECT_NE(result.error.find("byte offset 8: trace format version 3 is newer than a version "
-                              "this reader supports (1 to 2)"),
+  EXPECT_NE(result.error.find("byte offset 8: trace format version 4 is newer than a version "
+                              "this reader supports (1 to 3)"),
             std::string::npos)
       << result.error;
   bytes[8] = 0;
@@ -180,12 +185,12 @@ TEST(tracer_TraceFile, UnknownKindIsRejected) {
   // The public encoder writes any kind, checksums included: build the event
   // with a bogus kind.
   std::vector<TraceEvent> events = sample_events();
-  events[1].kind = static_cast<TraceEventKind>(11);
+  events[1].kind = static_cast<TraceEventKind>(16);
   const std::string bytes = encode_trace({}, events);
   const TraceReadResult result = parse_trace(bytes);
   ASSERT_FALSE(result.ok());
   EXPECT_NE(result.error.find("byte offset " + std::to_string(40 + 40 + 8) +
-                              ": unknown event kind 11 for format version 2"),
+                              ": unknown event kind 16 for format version 3"),
             std::string::npos)
       << result.error;
 }
@@ -242,21 +247,8 @@ TEST(tracer_TraceFile, AllocatorEventWithClientFieldIsCorrupt) {
 TEST(tracer_TraceFile, Version1FileRejectsVersion2Kinds) {
   std::vector<TraceEvent> events = sample_events();
   events.push_back({200, TraceEventKind::chunk_fetch, 1024, 0, 1024});
-  std::string bytes = encode_trace({}, events);
-  bytes[8] = 1;
-  // Re-seal the header (CRC-32 with its own field zeroed) so only the kind is wrong.
-  auto crc32 = [](const std::string& data) {
-    std::uint32_t crc = 0xFFFFFFFFu;
-    for (unsigned char byte : data) {
-      crc ^= byte;
-      for (int bit = 0; bit < 8; ++bit) crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
-    }
-    return crc ^ 0xFFFFFFFFu;
-  };
-  std::string header = bytes.substr(0, 40);
-  for (int i = 32; i < 36; ++i) header[i] = 0;
-  const std::uint32_t crc = crc32(header);
-  for (int i = 0; i < 4; ++i) bytes[32 + i] = static_cast<char>((crc >> (8 * i)) & 0xFF);
+  // Re-sealed, so only the kind is wrong.
+  const std::string bytes = with_format_version(encode_trace({}, events), 1);
   const TraceReadResult result = parse_trace(bytes);
   ASSERT_FALSE(result.ok());
   EXPECT_NE(result.error.find("byte offset " + std::to_string(40 + 5 * 40 + 8) +
@@ -270,6 +262,31 @@ TEST(tracer_TraceFile, ShippedVersion1FileStillReads) {
   ASSERT_TRUE(result.ok()) << result.error;
   EXPECT_EQ(result.trace->format_version, 1u);
   EXPECT_FALSE(result.trace->events.empty());
+  EXPECT_TRUE(result.trace->op_names.empty());
+}
+
+TEST(tracer_TraceFile, ShippedVersion2FileStillReads) {
+  const TraceReadResult result = read_trace_file(SPILLWAY_TEST_DATA_DIR "/train_demo_v2.trace");
+  ASSERT_TRUE(result.ok()) << result.error;
+  EXPECT_EQ(result.trace->format_version, 2u);
+  bool has_chunk_event = false;
+  for (const TraceEvent& e : result.trace->events)
+    has_chunk_event = has_chunk_event || e.kind == TraceEventKind::chunk_fetch;
+  EXPECT_TRUE(has_chunk_event);
+  EXPECT_TRUE(result.trace->op_names.empty());
+}
+
+// A version-2 file written by this encoder (the version-2 writer's bytes,
+// relabelled) reads with its version's meaning.
+TEST(tracer_TraceFile, Version2BytesStillRead) {
+  std::vector<TraceEvent> events = sample_events();
+  events.push_back({200, TraceEventKind::chunk_fetch, 64 << 20, 3, 1000, kTraceDetailPrefetch, 7});
+  events.push_back({240, TraceEventKind::step, 0, 1, 0, 0, 0});
+  const TraceReadResult result =
+      parse_trace(with_format_version(encode_trace(sample_metadata(), events), 2));
+  ASSERT_TRUE(result.ok()) << result.error;
+  EXPECT_EQ(result.trace->format_version, 2u);
+  expect_same_events(result.trace->events, events);
 }
 
 }  // namespace

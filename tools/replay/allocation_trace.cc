@@ -179,8 +179,8 @@ AllocationTrace allocation_trace_from(const TraceFileContents& contents) {
       case TraceEventKind::oom:
         ++trace.recorded_ooms;
         break;
-      default:
-        break;  // chunk moves and steps (version 2) do not change what the allocator replays
+      default:  // chunk, step (version 2) and op (version 3) events: nothing to replay
+        break;
     }
   }
   return trace;

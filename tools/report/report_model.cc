@@ -97,7 +97,19 @@ class ModelBuilder {
         break;
       case TraceEventKind::step:
         ++totals.steps;
-        model_->steps.push_back({event.time_ns, event.address});
+        model_->steps.push_back({event.time_ns, event.address, totals.ops_after_steps});
+        totals.ops_after_steps = 0;
+        break;
+      case TraceEventKind::op_begin:
+        ++totals.ops;
+        ++totals.ops_after_steps;
+        break;
+      case TraceEventKind::chunk_access:
+        ++totals.chunk_accesses;
+        break;
+      case TraceEventKind::op_name:
+      case TraceEventKind::op_end:
+      case TraceEventKind::chunk_release:
         break;
     }
     if (is_chunk_event(event.kind)) model_->has_chunk_events = true;
@@ -204,6 +216,7 @@ ReportModel build_report_model(const TraceFileContents& trace) {
   model.device_budget_bytes = metadata_bytes(trace.metadata, "device_budget_bytes");
   model.chunk_size_bytes = metadata_bytes(trace.metadata, "chunk_size_bytes");
   model.totals.event_count = trace.events.size();
+  model.op_name_count = trace.op_names.size();
   if (!trace.events.empty()) {
     model.first_time_ns = trace.events.front().time_ns;
     model.last_time_ns = trace.events.back().time_ns;

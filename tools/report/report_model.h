@@ -10,6 +10,7 @@
 //    split into model bytes (capacities of the chunks resident on the device)
 //    and non-model bytes (everything else: activations, workspaces), see
 //    Note [Model and non-model bytes].
+//  - Op events (format version 3) are counted: ops per step, chunk accesses.
 //  - The model keeps every sample; the renderers downsample (sample_selection.h).
 //  - Client names are not in the trace; clients are known by their ids only.
 //
@@ -76,6 +77,7 @@ struct Stall {
 struct StepMark {
   std::uint64_t time_ns = 0;
   std::uint64_t step = 0;  // the step just finished
+  std::uint64_t ops = 0;   // op_begin events since the previous step mark (version 3)
 };
 
 struct OutOfMemory {
@@ -110,6 +112,9 @@ struct ReportTotals {
   std::uint64_t ooms = 0;
   std::uint64_t largest_oom_request_bytes = 0;
   std::uint64_t steps = 0;
+  std::uint64_t ops = 0;              // op_begin events (version 3)
+  std::uint64_t ops_after_steps = 0;  // ... after the last step mark
+  std::uint64_t chunk_accesses = 0;   // chunk_access events (version 3)
   std::uint64_t allocs = 0;
   std::uint64_t frees = 0;
   std::uint64_t segment_allocs = 0;
@@ -126,6 +131,7 @@ struct ReportModel {
   std::uint64_t first_time_ns = 0;
   std::uint64_t last_time_ns = 0;
   bool has_chunk_events = false;  // any chunk_fetch/writeback/drop or stall
+  std::size_t op_name_count = 0;  // distinct op names defined (version 3)
 
   std::vector<MemorySample> memory;     // a sample at the first event, then one per change
   std::vector<ClientActivity> clients;  // by client id

@@ -60,6 +60,17 @@ std::string summary_text(const ReportModel& model, std::string_view trace_name) 
     out += "out-of-memories: 0\n";
   }
   fmt::format_to(line, "steps: {}\n", t.steps);
+  if (t.ops > 0) {  // version 3 traces
+    std::string per_step;
+    for (const StepMark& step : model.steps)
+      per_step += fmt::format("{}{}", per_step.empty() ? "" : ", ", step.ops);
+    fmt::format_to(line, "ops: {} traced ({} distinct names), {} chunk accesses\n", t.ops,
+                   model.op_name_count, t.chunk_accesses);
+    fmt::format_to(line, "ops per step: {}{}\n", per_step.empty() ? "no step marks" : per_step,
+                   t.ops_after_steps > 0
+                       ? fmt::format(" (+{} after the last step)", t.ops_after_steps)
+                       : std::string());
+  }
   if (t.unmatched_frees > 0) {
     fmt::format_to(line, "note: {} frees had no matching live bytes (trace started mid-run?)\n",
                    t.unmatched_frees);

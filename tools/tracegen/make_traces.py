@@ -19,6 +19,11 @@ header line. Plain Python 3 standard library; deterministic.
 
     python3 tools/tracegen/make_traces.py            # writes tests/data/*.csv
     python3 tools/tracegen/make_traces.py --out DIR  # elsewhere
+    python3 tools/tracegen/make_traces.py --v3-sample FILE  # only a small
+        # format-version-3 trace (ops, chunk uses), for the C++ reader's tests
+
+The binary writers here follow docs/trace-format.md alone, independently of
+the C++ writer, so the tests check the page as well as the code.
 """
 
 import argparse
@@ -505,33 +510,142 @@ TRACES = [
 ]
 
 
-def write_binary_trace(trace, path, metadata):
-    """Writes `trace` as a spillway trace file, format version 1.
+def record(time_ns, kind, detail=0, client=0, stream=0, address=0, size=0):
+    """One 40-byte event record (docs/trace-format.md, "Event records")."""
+    return struct.pack("<QHHIQQQ", time_ns, kind, detail, client, stream, address, size)
 
-    An implementation independent of the C++ writer, from docs/trace-format.md
-    alone: the tests read it back with the C++ reader.
-    """
+
+def encode_trace_file(metadata, records, end_time_ns, version):
+    """A whole trace file: header, the given 40-byte records, end record."""
     entries = b"".join(
         struct.pack("<I", len(k)) + k + struct.pack("<I", len(v)) + v
         for k, v in ((k.encode(), v.encode()) for k, v in metadata))
     header_size = (40 + len(entries) + 7) // 8 * 8
-    fixed = b"SPWTRACE" + struct.pack("<IIIIIIII", 1, header_size, 40, len(entries),
+    fixed = b"SPWTRACE" + struct.pack("<IIIIIIII", version, header_size, 40, len(entries),
                                       len(metadata), 0, 0, 0)
     header = bytearray((fixed + entries).ljust(header_size, b"\0"))
     struct.pack_into("<I", header, 32, zlib.crc32(bytes(header)))
-    records = bytearray()
+    body = b"".join(records)
+    assert len(body) == 40 * len(records)
+    end = bytearray(record(end_time_ns, 0xFFFF, address=len(records)))
+    crc = zlib.crc32(bytes(end[:32]), zlib.crc32(body))
+    struct.pack_into("<Q", end, 32, crc)
+    return bytes(header) + body + bytes(end)
+
+
+def write_binary_trace(trace, path, metadata):
+    """Writes `trace` (allocs and frees) as a spillway trace file, format version 1."""
     kinds = {"alloc": 1, "free": 2}
+    records = []
     for line in trace.lines:
         action, ptr, size, stream, time_ns = line.split(",")
-        records += struct.pack("<QHHIQQQ", int(time_ns), kinds[action], 0, 0, int(stream),
-                               int(ptr, 16), int(size))
-    count = len(trace.lines)
-    end = bytearray(struct.pack("<QHHIQQQ", trace.time_ns, 0xFFFF, 0, 0, 0, count, 0))
-    crc = zlib.crc32(bytes(end[:32]), zlib.crc32(bytes(records)))
-    struct.pack_into("<Q", end, 32, crc)
+        records.append(record(int(time_ns), kinds[action], stream=int(stream),
+                              address=int(ptr, 16), size=int(size)))
+    data = encode_trace_file(metadata, records, trace.time_ns, 1)
     with open(path, "wb") as out:
-        out.write(bytes(header) + bytes(records) + bytes(end))
-    return len(header) + len(records) + len(end)
+        out.write(data)
+    return len(data)
+
+
+# Format version 3 kinds (docs/trace-format.md).
+CHUNK_FETCH, CHUNK_DROP, STEP = 6, 8, 10
+OP_NAME, OP_BEGIN, OP_END, CHUNK_ACCESS, CHUNK_RELEASE = 11, 12, 13, 14, 15
+READ, READ_WRITE = 1, 2  # chunk_access detail
+
+
+def op_name_records(time_ns, name_id, name):
+    """The op_name records defining `name_id`: piece 0 with the length in
+    bytes in `stream`, then the UTF-8 bytes 24 per record in the record's last
+    24 bytes, zero-padded."""
+    data = name.encode()
+    records = [record(time_ns, OP_NAME, detail=0, client=name_id, stream=len(data))]
+    for piece, at in enumerate(range(0, len(data), 24), start=1):
+        records.append(struct.pack("<QHHI", time_ns, OP_NAME, piece, name_id) +
+                       data[at:at + 24].ljust(24, b"\0"))
+    return records
+
+
+class V3Trace:
+    """Builds a version-3 event stream: ops with interned names and sequence
+    numbers, the chunk uses inside them, step boundaries."""
+
+    def __init__(self):
+        self.records = []
+        self.time_ns = 0
+        self.names = {}  # name -> id, from 1
+        self.next_sequence = 1
+        self.open = []  # (sequence, name id, begin time), innermost last
+
+    def tick(self, ns=1000):
+        self.time_ns += ns
+        return self.time_ns
+
+    def begin(self, name, thread=4242):
+        t = self.tick()
+        if name not in self.names:
+            self.names[name] = len(self.names) + 1
+            self.records += op_name_records(t, self.names[name], name)
+        parent = self.open[-1][0] if self.open else 0
+        sequence = self.next_sequence
+        self.next_sequence += 1
+        self.records.append(record(t, OP_BEGIN, client=self.names[name], stream=thread,
+                                   address=sequence, size=parent))
+        self.open.append((sequence, self.names[name], t, thread))
+
+    def end(self):
+        sequence, name_id, begun, thread = self.open.pop()
+        t = self.tick()
+        self.records.append(record(t, OP_END, client=name_id, stream=thread, address=sequence,
+                                   size=t - begun))
+
+    def use(self, client, chunk, tensor, capacity, written, fetch_bytes=0):
+        if fetch_bytes:
+            self.records.append(record(self.tick(), CHUNK_FETCH, client=client, stream=capacity,
+                                       address=chunk, size=fetch_bytes))
+        self.records.append(record(self.tick(), CHUNK_ACCESS,
+                                   detail=READ_WRITE if written else READ, client=client,
+                                   stream=capacity, address=chunk, size=tensor))
+
+    def release(self, client, chunk, tensor, capacity):
+        self.records.append(record(self.tick(), CHUNK_RELEASE, client=client, stream=capacity,
+                                   address=chunk, size=tensor))
+
+    def step(self, number):
+        self.records.append(record(self.tick(), STEP, address=number))
+
+
+# The op names of the sample, one longer than three records and one empty.
+V3_SAMPLE_LONG_NAME = "aten::_scaled_dot_product_flash_attention_backward" + ".x" * 20
+V3_SAMPLE_OPS_PER_STEP = 3
+
+
+def write_v3_sample(path):
+    """Two steps of a two-layer model: per step linear (nesting addmm) on
+    chunk 0, the long-named op on chunk 1, an empty-named op; chunk 0 is
+    fetched in the first step only."""
+    trace = V3Trace()
+    capacity = 64 << 20
+    for step in (1, 2):
+        trace.begin("aten::linear")
+        trace.use(1, 0, 10, capacity, False, fetch_bytes=4096 if step == 1 else 0)
+        trace.begin("aten::addmm")
+        trace.use(1, 0, 10, capacity, False)
+        trace.release(1, 0, 10, capacity)
+        trace.end()
+        trace.release(1, 0, 10, capacity)
+        trace.end()
+        trace.begin(V3_SAMPLE_LONG_NAME)
+        trace.use(1, 1, 11, capacity, True, fetch_bytes=8192 if step == 1 else 0)
+        trace.release(1, 1, 11, capacity)
+        trace.end()
+        trace.begin("")
+        trace.end()
+        trace.step(step)
+    data = encode_trace_file([("writer", "tools/tracegen/make_traces.py")], trace.records,
+                             trace.tick(), 3)
+    with open(path, "wb") as out:
+        out.write(data)
+    return len(data)
 
 
 def main():
@@ -539,7 +653,12 @@ def main():
     default_out = os.path.normpath(os.path.join(here, "..", "..", "tests", "data"))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=default_out, help="output folder (default: tests/data)")
+    parser.add_argument("--v3-sample", metavar="FILE",
+                        help="write only a small version-3 trace to FILE")
     args = parser.parse_args()
+    if args.v3_sample:
+        write_v3_sample(args.v3_sample)
+        return
     os.makedirs(args.out, exist_ok=True)
     for name, layers, d_model, heads, precision, attention, batches in TRACES:
         trace = make_trace(name, layers, d_model, heads, precision, attention, batches)
