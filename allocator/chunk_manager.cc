@@ -186,6 +186,7 @@ ChunkManagerOptions ChunkManagerOptions::from_config(const Config& config) {
   options.chunk_size = config.chunk_size;
   options.host_budget_bytes = config.host_budget.resolve(physical_memory_bytes());
   options.strict_residency = config.strict_residency;
+  options.planned_prefetch = config.prefetch;
   return options;
 }
 
@@ -268,8 +269,7 @@ Status ChunkManager::acquire(TensorId id, Stream stream, void** device_ptr, Acce
                               tensor_label_locked(*tensor), chunk_label_locked(chunk)));
     }
     if (!chunk.resident()) {
-      if (Status status = fetch_locked(chunk, /*is_prefetch=*/false, tensor);
-          status != Status::ok) {
+      if (Status status = fetch_locked(chunk, FetchReason::use, tensor); status != Status::ok) {
         return status;
       }
     }
@@ -284,6 +284,9 @@ Status ChunkManager::acquire(TensorId id, Stream stream, void** device_ptr, Acce
     // events] in tracer/op_tracer.h).
     trace_chunk_locked(TraceEventKind::chunk_access, chunk, static_cast<std::uint64_t>(id),
                        access == AccessMode::read_write ? kTraceDetailReadWrite : kTraceDetailRead);
+    // After the access is counted, so the plan is at the next one, and after
+    // the chunk is in use, so no prefetch evicts it.
+    prefetch_planned_locked();
     if (chunk.fetch_pending && device_.query_event(chunk.fetched) == Status::ok) {
       chunk.fetch_pending = false;
     }
@@ -332,6 +335,7 @@ Status ChunkManager::release(TensorId id, Stream stream) {
     tensor->state = TensorState::hold;
     ++chunk.held_tensors;
   }
+  if (chunk.device_users == 0) prefetch_planned_locked();  // it may be the victim now
   return Status::ok;
 }
 
@@ -382,7 +386,7 @@ Status ChunkManager::acquire_host(TensorId id, void** host_ptr, AccessMode acces
         notify_locked(chunk);
       }
     }
-    policy_->on_access(chunk.id);
+    policy_->on_host_access(chunk.id);
     if (tensor->host_users++ == 0 && tensor->device_users == 0) {
       if (tensor->state == TensorState::hold) --chunk.held_tensors;
       tensor->state = TensorState::compute;
@@ -428,7 +432,7 @@ Status ChunkManager::prefetch(TensorId id) {
   if (tensor == nullptr) return unknown_tensor("prefetch", id);
   Chunk& chunk = *find_chunk_locked(tensor->chunk);
   if (chunk.resident() || chunk.host_users != 0) return Status::ok;
-  return fetch_locked(chunk, /*is_prefetch=*/true, tensor);
+  return fetch_locked(chunk, FetchReason::prefetch, tensor);
 }
 
 Status ChunkManager::discard(TensorId id) {
@@ -493,9 +497,11 @@ std::size_t ChunkManager::effective_budget_locked() const {
   return std::min(device_budget_bytes_, allocator_.budget_bytes());
 }
 
-Status ChunkManager::fetch_locked(Chunk& chunk, bool is_prefetch, const TensorRecord* wanted_by) {
+Status ChunkManager::fetch_locked(Chunk& chunk, FetchReason reason, const TensorRecord* wanted_by) {
+  const bool is_prefetch = reason != FetchReason::use;
   const std::size_t budget = effective_budget_locked();
   if (chunk.capacity > budget) {
+    if (reason == FetchReason::planned_prefetch) return Status::out_of_memory;  // its use will say
     return fail(
         Status::out_of_memory,
         fmt::format("{} of {}: its {} needs {} on the device, more than the whole {} "
@@ -504,11 +510,11 @@ Status ChunkManager::fetch_locked(Chunk& chunk, bool is_prefetch, const TensorRe
                     chunk_label_locked(chunk), format_bytes(chunk.capacity),
                     budget == device_budget_bytes_ ? "chunk" : "device", format_bytes(budget)));
   }
-  if (Status status = make_room_locked(chunk, is_prefetch, wanted_by); status != Status::ok) {
+  if (Status status = make_room_locked(chunk, reason, wanted_by); status != Status::ok) {
     return status;
   }
   void* data = nullptr;
-  if (Status status = allocate_device_copy_locked(chunk, is_prefetch, wanted_by, &data);
+  if (Status status = allocate_device_copy_locked(chunk, reason, wanted_by, &data);
       status != Status::ok) {
     return status;
   }
@@ -547,11 +553,12 @@ Status ChunkManager::fetch_locked(Chunk& chunk, bool is_prefetch, const TensorRe
 }
 
 // Evicts until `incoming` fits in the chunk budget.
-Status ChunkManager::make_room_locked(Chunk& incoming, bool is_prefetch,
+Status ChunkManager::make_room_locked(Chunk& incoming, FetchReason reason,
                                       const TensorRecord* wanted_by) {
+  const Chunk* planned = reason == FetchReason::planned_prefetch ? &incoming : nullptr;
   while (resident_bytes_ + incoming.capacity > device_budget_bytes_) {
-    if (evict_one_locked()) continue;
-    if (is_prefetch) return Status::out_of_memory;  // advice only: keep quiet
+    if (evict_one_locked(planned)) continue;
+    if (reason != FetchReason::use) return Status::out_of_memory;  // advice only: keep quiet
     return fail(Status::out_of_memory,
                 fmt::format("acquire of {}: no room for its {} ({}) in the chunk budget of {}: "
                             "{} of chunks is on the device and none can be evicted. {}",
@@ -564,8 +571,9 @@ Status ChunkManager::make_room_locked(Chunk& incoming, bool is_prefetch,
 
 // A device copy from the allocator; when it is out of memory, evict and try
 // again (Note [Evicting under pressure]).
-Status ChunkManager::allocate_device_copy_locked(Chunk& chunk, bool is_prefetch,
+Status ChunkManager::allocate_device_copy_locked(Chunk& chunk, FetchReason reason,
                                                  const TensorRecord* wanted_by, void** data) {
+  const Chunk* planned = reason == FetchReason::planned_prefetch ? &chunk : nullptr;
   for (;;) {
     // Evicting first when the allocator surely has no room spares it an
     // out-of-memory (its counters and trace would show one per fetch).
@@ -574,7 +582,7 @@ Status ChunkManager::allocate_device_copy_locked(Chunk& chunk, bool is_prefetch,
     const auto cached = reserved - static_cast<std::size_t>(allocator_stats.active_bytes.current);
     const std::size_t budget = allocator_.budget_bytes();
     const std::size_t headroom = budget > reserved ? budget - reserved : 0;
-    if (headroom < chunk.capacity && cached < chunk.capacity && evict_one_locked()) continue;
+    if (headroom < chunk.capacity && cached < chunk.capacity && evict_one_locked(planned)) continue;
 
     Status status;
     {
@@ -583,8 +591,8 @@ Status ChunkManager::allocate_device_copy_locked(Chunk& chunk, bool is_prefetch,
     }
     if (status == Status::ok) return Status::ok;
     const std::string allocator_error = CachingAllocator::last_error();
-    if (status == Status::out_of_memory && evict_one_locked()) continue;
-    if (is_prefetch && status == Status::out_of_memory) return status;
+    if (status == Status::out_of_memory && evict_one_locked(planned)) continue;
+    if (reason != FetchReason::use && status == Status::out_of_memory) return status;
     return fail(
         status,
         fmt::format("acquire of {}: the allocator has no room for its {} ({}) and no "
@@ -594,8 +602,28 @@ Status ChunkManager::allocate_device_copy_locked(Chunk& chunk, bool is_prefetch,
   }
 }
 
-bool ChunkManager::evict_one_locked() {
-  const std::optional<ChunkId> victim = policy_->choose_victim(Candidates(*this));
+// Planned prefetches started per access: enough to keep a copy queued behind
+// the one in flight; bounded so an access does little work under the lock.
+constexpr int kMaxPlannedPrefetchesPerAccess = 4;
+
+// Note [Planned prefetch] (planned_policy.h). Stops at the first chunk that
+// cannot come in yet: the plan fetches in order of use.
+void ChunkManager::prefetch_planned_locked() {
+  if (!options_.planned_prefetch) return;
+  for (int started = 0; started < kMaxPlannedPrefetchesPerAccess; ++started) {
+    const std::optional<ChunkId> next = policy_->prefetch_candidate();
+    if (!next) return;
+    Chunk* chunk = find_chunk_locked(*next);
+    if (chunk == nullptr || chunk->resident() || chunk->host_users != 0) return;
+    if (fetch_locked(*chunk, FetchReason::planned_prefetch, nullptr) != Status::ok) return;
+  }
+}
+
+bool ChunkManager::evict_one_locked(const Chunk* planned_incoming) {
+  const std::optional<ChunkId> victim =
+      planned_incoming == nullptr
+          ? policy_->choose_victim(Candidates(*this))
+          : policy_->choose_victim_for_prefetch(Candidates(*this), planned_incoming->id);
   if (!victim) return false;
   Chunk* chunk = find_chunk_locked(*victim);
   if (chunk == nullptr || !chunk->resident() || chunk->in_use()) return false;  // a policy bug
@@ -859,6 +887,7 @@ std::uint64_t ChunkManager::end_step() {
   std::lock_guard lock(mutex_);
   const std::uint64_t step = ++steps_ended_;
   policy_->on_step_end();
+  prefetch_planned_locked();  // the next step's first chunks
   if (trace_ != nullptr) {
     TraceEvent event;
     event.time_ns = device_.now_ns();

@@ -62,6 +62,9 @@ struct ChunkManagerOptions {
   std::size_t host_budget_bytes = std::numeric_limits<std::size_t>::max();
   // Evicted tensors point at inaccessible memory (see inaccessible_mapping.h).
   bool strict_residency = false;
+  // The policy's planned prefetches (Note [Planned prefetch] in
+  // planned_policy.h); the `prefetch` option.
+  bool planned_prefetch = true;
 
   // chunk_size, host_budget (resolved against physical memory) and
   // strict_residency from a configuration.
@@ -201,11 +204,21 @@ class ChunkManager final : public PressureHandler {
   void free_chunk_locked(Chunk& chunk);
 
   // Moves and residency (chunk_manager.cc).
-  Status fetch_locked(Chunk& chunk, bool is_prefetch, const TensorRecord* wanted_by);
-  Status make_room_locked(Chunk& incoming, bool is_prefetch, const TensorRecord* wanted_by);
-  Status allocate_device_copy_locked(Chunk& chunk, bool is_prefetch, const TensorRecord* wanted_by,
-                                     void** data);
-  bool evict_one_locked();
+  // Why a chunk is fetched: an acquire needs it (failing is an error), or
+  // a prefetch asks for it (advice: failing changes nothing and says nothing),
+  // or the policy's plan does (Note [Planned prefetch] in planned_policy.h:
+  // it evicts only the chunk Belady would evict at this one's use, once that
+  // chunk's last use before it is done).
+  enum class FetchReason { use, prefetch, planned_prefetch };
+  Status fetch_locked(Chunk& chunk, FetchReason reason, const TensorRecord* wanted_by);
+  Status make_room_locked(Chunk& incoming, FetchReason reason, const TensorRecord* wanted_by);
+  // Starts the fetches the policy's plan wants next.
+  void prefetch_planned_locked();
+  Status allocate_device_copy_locked(Chunk& chunk, FetchReason reason,
+                                     const TensorRecord* wanted_by, void** data);
+  // Evicts the policy's victim; for a planned prefetch of `planned_incoming`,
+  // the policy's choose_victim_for_prefetch. False when there is none.
+  bool evict_one_locked(const Chunk* planned_incoming = nullptr);
   Status evict_locked(Chunk& chunk);
   Status write_back_locked(Chunk& chunk);
   // `trace_detail`: kTraceDetailEviction when evicted for room.

@@ -47,6 +47,9 @@ class EvictionPolicy {
   // A chunk was acquired (on the device or the host). Prefetches are not
   // accesses.
   virtual void on_access(ChunkId chunk) = 0;
+  // An access on the host (ChunkManager::acquire_host): the same to most
+  // policies; a planned prefetch must not bring such a chunk to the device.
+  virtual void on_host_access(ChunkId chunk) { on_access(chunk); }
   // A chunk got a device copy (fetched or prefetched).
   virtual void on_resident(ChunkId chunk) = 0;
   // A chunk's device copy went away (evicted, discarded, removed).
@@ -60,6 +63,17 @@ class EvictionPolicy {
 
   // A training step ended (ChunkManager::end_step).
   virtual void on_step_end() {}
+  // Planned prefetch (Note [Planned prefetch] in planned_policy.h): the next
+  // chunk the policy wants on the device ahead of its use, or nullopt.
+  virtual std::optional<ChunkId> prefetch_candidate() const { return std::nullopt; }
+  // The chunk to evict for prefetching `incoming`, or nullopt when evicting
+  // any acceptable one would cost a fetch the prefetch does not save.
+  virtual std::optional<ChunkId> choose_victim_for_prefetch(const EvictionCandidates& candidates,
+                                                            ChunkId incoming) {
+    (void)candidates;
+    (void)incoming;
+    return std::nullopt;
+  }
   virtual PolicyState state() const { return {}; }
 };
 

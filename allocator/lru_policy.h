@@ -18,6 +18,7 @@ class LruPolicy final : public EvictionPolicy {
 
   // Resident chunks, least recently used first (PlannedPolicy breaks ties by it).
   const std::list<ChunkId>& recency() const { return recency_; }
+  bool resident(ChunkId chunk) const { return position_.contains(chunk); }
 
  private:
   // Resident chunks, least recently used first.

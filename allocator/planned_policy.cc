@@ -9,7 +9,11 @@ namespace spillway {
 
 PlannedPolicy::PlannedPolicy(int warmup_steps) : warmup_steps_(std::max(1, warmup_steps)) {}
 
-void PlannedPolicy::on_access(ChunkId chunk) {
+void PlannedPolicy::on_access(ChunkId chunk) { record_or_follow(chunk, /*on_host=*/false); }
+
+void PlannedPolicy::on_host_access(ChunkId chunk) { record_or_follow(chunk, /*on_host=*/true); }
+
+void PlannedPolicy::record_or_follow(ChunkId chunk, bool on_host) {
   lru_.on_access(chunk);
   switch (phase_) {
     case Phase::tracing:
@@ -17,9 +21,11 @@ void PlannedPolicy::on_access(ChunkId chunk) {
       if (recording_.size() == kMaxTracedAccesses) {
         recording_overflowed_ = true;
         std::vector<ChunkId>().swap(recording_);
+        std::vector<bool>().swap(recording_on_host_);
         break;
       }
       recording_.push_back(chunk);
+      recording_on_host_.push_back(on_host);
       break;
     case Phase::following:
       if (position_ < sequence_.size() && sequence_[position_] == chunk) {
@@ -43,16 +49,60 @@ void PlannedPolicy::on_removed(ChunkId chunk) { lru_.on_removed(chunk); }
 
 std::optional<ChunkId> PlannedPolicy::choose_victim(const EvictionCandidates& candidates) {
   if (phase_ != Phase::following) return lru_.choose_victim(candidates);
-  std::optional<ChunkId> victim;
-  std::size_t farthest = 0;
+  const std::optional<Victim> victim = farthest_next_use(candidates);
+  if (!victim) return std::nullopt;
+  return victim->chunk;
+}
+
+// Note [Planned prefetch].
+std::optional<ChunkId> PlannedPolicy::prefetch_candidate() const {
+  if (phase_ != Phase::following || sequence_.empty()) return std::nullopt;
+  const std::size_t lookahead = std::min(kPrefetchLookahead, sequence_.size());
+  // A chunk used on the host first would lose a device copy fetched now
+  // (acquire_host drops it or writes around it), so it is skipped.
+  std::vector<ChunkId> used_on_host_first;
+  for (std::size_t ahead = 0; ahead < lookahead; ++ahead) {
+    const std::size_t index = (position_ + ahead) % sequence_.size();
+    const ChunkId chunk = sequence_[index];
+    if (sequence_on_host_[index]) {
+      used_on_host_first.push_back(chunk);
+      continue;
+    }
+    if (lru_.resident(chunk) ||
+        std::ranges::find(used_on_host_first, chunk) != used_on_host_first.end()) {
+      continue;
+    }
+    return chunk;
+  }
+  return std::nullopt;
+}
+
+// Note [Planned prefetch]: the victim is the one Belady would evict when the
+// incoming chunk is used, and it may leave now only if nothing uses it before.
+std::optional<ChunkId> PlannedPolicy::choose_victim_for_prefetch(
+    const EvictionCandidates& candidates, ChunkId incoming) {
+  if (phase_ != Phase::following) return std::nullopt;
+  const std::size_t until_use = distance_to_next_use(incoming);
+  if (until_use == std::numeric_limits<std::size_t>::max()) return std::nullopt;
+  const std::size_t use = position_ + until_use;  // may run into the next repetition
+  std::optional<Victim> victim;
+  for (const ChunkId chunk : lru_.recency()) {  // every resident chunk, in use or not
+    const std::size_t distance = distance_from(use, chunk);
+    if (!victim || distance > victim->next_use) victim = Victim{chunk, distance};
+  }
+  if (!victim || !candidates.evictable(victim->chunk)) return std::nullopt;
+  if (distance_to_next_use(victim->chunk) < until_use) return std::nullopt;  // used before
+  return victim->chunk;
+}
+
+std::optional<PlannedPolicy::Victim> PlannedPolicy::farthest_next_use(
+    const EvictionCandidates& candidates) const {
+  std::optional<Victim> victim;
   for (const ChunkId chunk : lru_.recency()) {  // least recent first: ties go to it
     if (!candidates.evictable(chunk)) continue;
     const std::size_t distance = distance_to_next_use(chunk);
-    if (!victim || distance > farthest) {
-      victim = chunk;
-      farthest = distance;
-    }
-    if (farthest == std::numeric_limits<std::size_t>::max()) break;  // never used again
+    if (!victim || distance > victim->next_use) victim = Victim{chunk, distance};
+    if (victim->next_use == std::numeric_limits<std::size_t>::max()) break;  // never used again
   }
   return victim;
 }
@@ -65,6 +115,7 @@ void PlannedPolicy::on_step_end() {
         build_plan();
       } else {
         recording_.clear();
+        recording_on_host_.clear();
       }
       recording_overflowed_ = false;
       break;
@@ -81,6 +132,7 @@ void PlannedPolicy::on_step_end() {
       phase_ = Phase::tracing;
       traced_steps_ = warmup_steps_ - 1;
       recording_.clear();
+      recording_on_host_.clear();
       recording_overflowed_ = false;
       break;
   }
@@ -104,7 +156,9 @@ PolicyState PlannedPolicy::state() const {
 
 void PlannedPolicy::build_plan() {
   sequence_ = std::move(recording_);
+  sequence_on_host_ = std::move(recording_on_host_);
   recording_.clear();
+  recording_on_host_.clear();
   uses_.clear();
   for (std::size_t i = 0; i < sequence_.size(); ++i) uses_[sequence_[i]].push_back(i);
   position_ = 0;
@@ -116,17 +170,24 @@ void PlannedPolicy::diverge() {
   phase_ = Phase::diverged;
   ++state_.divergences;
   sequence_.clear();
+  sequence_on_host_.clear();
   uses_.clear();
   position_ = 0;
 }
 
 std::size_t PlannedPolicy::distance_to_next_use(ChunkId chunk) const {
+  return distance_from(position_, chunk);
+}
+
+std::size_t PlannedPolicy::distance_from(std::size_t from, ChunkId chunk) const {
   const auto found = uses_.find(chunk);
   if (found == uses_.end()) return std::numeric_limits<std::size_t>::max();
   const std::vector<std::size_t>& positions = found->second;
-  const auto next = std::lower_bound(positions.begin(), positions.end(), position_);
-  if (next != positions.end()) return *next - position_;
-  return sequence_.size() - position_ + positions.front();  // in the next repetition
+  const std::size_t size = sequence_.size();
+  const std::size_t in_step = from % size;  // `from` may lie in the next repetition
+  const auto next = std::lower_bound(positions.begin(), positions.end(), in_step);
+  if (next != positions.end()) return *next - in_step;
+  return size - in_step + positions.front();  // in the next repetition
 }
 
 }  // namespace spillway

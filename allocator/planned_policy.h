@@ -16,7 +16,22 @@
 //    of the step is LRU's, and the next step is traced again.
 //  - Bounded memory: a step longer than kMaxTracedAccesses accesses is not
 //    planned (it stays LRU's); the recording stops growing there.
-// Prefetches are not planned here yet: chunks are fetched on use.
+//
+// Note [Planned prefetch]: while following, the policy names the first chunk
+// of the coming accesses (looking up to kPrefetchLookahead accesses ahead,
+// into the next step) that is not on the device and is next used there
+// (not by acquire_host), and the chunk manager
+// starts fetching it at once, as early as the plan allows, so that its copy
+// overlaps the work before its use instead of stalling the access. Room for
+// it comes from free budget, or from the chunk that Belady would evict at
+// the incoming chunk's use (the resident chunk whose next use from there is
+// farthest), if nothing uses that chunk before then: its eviction moves
+// earlier, and the prefetch moves the same fetch earlier, so a step moves
+// the same bytes as fetching on use (the planner's "the victim leaves right
+// after its last use; the fetch starts then", tracer/planner/planner.h).
+// Otherwise nothing is prefetched yet (the copy streams are FIFOs, so a
+// later chunk does not jump the queue either); the manager asks again after
+// the next acquire and release, and at a step's end for the next step.
 #pragma once
 
 #include <cstddef>
@@ -32,35 +47,54 @@ namespace spillway {
 class PlannedPolicy final : public EvictionPolicy {
  public:
   static constexpr std::size_t kMaxTracedAccesses = 1 << 22;
+  // How far ahead a prefetch looks (Note [Planned prefetch]): bounds the work
+  // per access; a chunk needed later than this is fetched by a later access.
+  static constexpr std::size_t kPrefetchLookahead = 64;
 
   // `warmup_steps` below 1 counts as 1: a plan needs a traced step.
   explicit PlannedPolicy(int warmup_steps);
 
   std::string_view name() const override { return "planned"; }
   void on_access(ChunkId chunk) override;
+  void on_host_access(ChunkId chunk) override;
   void on_resident(ChunkId chunk) override;
   void on_evicted(ChunkId chunk) override;
   void on_removed(ChunkId chunk) override;
   std::optional<ChunkId> choose_victim(const EvictionCandidates& candidates) override;
   void on_step_end() override;
+  std::optional<ChunkId> prefetch_candidate() const override;
+  std::optional<ChunkId> choose_victim_for_prefetch(const EvictionCandidates& candidates,
+                                                    ChunkId incoming) override;
   PolicyState state() const override;
 
  private:
   enum class Phase { tracing, following, diverged };
 
+  void record_or_follow(ChunkId chunk, bool on_host);
   void build_plan();
   void diverge();
   // Accesses from the current position to the chunk's next use; max() when
   // the step never uses it.
   std::size_t distance_to_next_use(ChunkId chunk) const;
+  // The same from sequence index `from` (past the end: the next repetition).
+  std::size_t distance_from(std::size_t from, ChunkId chunk) const;
+  struct Victim {
+    ChunkId chunk;
+    std::size_t next_use;  // distance_to_next_use
+  };
+  // The acceptable chunk whose next use is farthest; ties go to the least
+  // recently used.
+  std::optional<Victim> farthest_next_use(const EvictionCandidates& candidates) const;
 
   LruPolicy lru_;  // evictions while tracing or diverged; recency for ties
   int warmup_steps_;
   Phase phase_ = Phase::tracing;
   int traced_steps_ = 0;  // since the last plan was dropped
   std::vector<ChunkId> recording_;
+  std::vector<bool> recording_on_host_;  // per access: acquire_host, not acquire
   bool recording_overflowed_ = false;
   std::vector<ChunkId> sequence_;                               // the planned step's accesses
+  std::vector<bool> sequence_on_host_;                          // never prefetched
   std::unordered_map<ChunkId, std::vector<std::size_t>> uses_;  // positions in sequence_
   std::size_t position_ = 0;                                    // index of the next expected access
   PolicyState state_;

@@ -42,6 +42,8 @@ struct ChunkRigOptions {
   TraceSink* trace = nullptr;
   // The eviction policy; LRU when empty.
   std::function<std::unique_ptr<EvictionPolicy>()> make_policy;
+  // ChunkManagerOptions::planned_prefetch.
+  bool planned_prefetch = true;
 };
 
 // Device, allocator and chunk manager, built in that order, destroyed in reverse.
@@ -61,6 +63,7 @@ struct ChunkRig {
     manager_options.device_budget_bytes = options.chunk_budget;
     manager_options.host_budget_bytes = options.host_budget;
     manager_options.strict_residency = options.strict_residency;
+    manager_options.planned_prefetch = options.planned_prefetch;
     chunks = std::make_unique<ChunkManager>(*device, *allocator, manager_options,
                                             options.make_policy ? options.make_policy() : nullptr,
                                             options.trace);
