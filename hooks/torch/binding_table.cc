@@ -6,6 +6,7 @@
 #include <string>
 
 #include "hooks/torch/bridge.h"
+#include "hooks/torch/op_gpu_timing.h"
 
 namespace spillway::torch_bridge {
 
@@ -71,6 +72,7 @@ ChunkManager& active_chunk_manager() {
   if (runtime.allocator(&error) == nullptr) throw std::runtime_error("spillway: " + error);
   static std::once_flag installed;
   std::call_once(installed, [&runtime] {
+    OpGpuTiming::process().start(runtime);  // before the hooks that push ops to it
     runtime.chunk_manager().add_observer(&binding_table());
     install_op_hooks();
   });

@@ -13,6 +13,7 @@
 
 #include "hooks/torch/bridge.h"
 #include "hooks/torch/client_names.h"
+#include "hooks/torch/op_gpu_timing.h"
 #include "hooks/torch/spillway_torch.h"
 
 namespace spillway {
@@ -171,7 +172,10 @@ void unmanage(std::vector<torch::Tensor> params) { unmanage_params(params); }
 std::string memory_stats_json() {
   Runtime& runtime = Runtime::process();
   if (runtime.active_allocator() == nullptr) return "{}";
-  return torch_bridge::add_client_stats(runtime.stats().to_json(), runtime.chunk_manager());
+  nlohmann::ordered_json json = nlohmann::ordered_json::parse(
+      torch_bridge::add_client_stats(runtime.stats().to_json(), runtime.chunk_manager()));
+  json["op_timing"] = torch_bridge::OpGpuTiming::process().stats();
+  return json.dump();
 }
 
 void step() {
@@ -179,6 +183,7 @@ void step() {
   Runtime& runtime = Runtime::process();
   if (runtime.active_allocator() == nullptr) return;
   runtime.chunk_manager().end_step();
+  torch_bridge::OpGpuTiming::process().on_step_end();
   if (binding_table().empty()) return;
   ChunkManager& chunks = torch_bridge::active_chunk_manager();
   for (const auto& managed : binding_table().managed_params())

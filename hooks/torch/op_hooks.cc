@@ -56,6 +56,7 @@
 
 #include "allocator/log.h"
 #include "hooks/torch/bridge.h"
+#include "hooks/torch/op_gpu_timing.h"
 #include "hooks/torch/spillway_torch.h"
 
 namespace spillway::torch_bridge {
@@ -186,6 +187,8 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
     acquisitions->traced =
         tracer->begin(fn.name(), t_current_op, trace_thread_id(), runtime.device().now_ns());
     t_current_op = acquisitions->traced->sequence;
+    OpGpuTiming& gpu_timing = OpGpuTiming::process();
+    if (gpu_timing.recording()) gpu_timing.push_op(t_current_op);  // op_gpu_timing.h
   }
   for (ManagedInput& input : managed) {
     if (input.binding.managed != nullptr && input.binding.kind == TensorKind::param) {
@@ -219,6 +222,8 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext* context) {
                    ChunkManager::last_error());
   }
   if (const std::optional<TracedOp>& op = acquisitions->traced) {
+    OpGpuTiming& gpu_timing = OpGpuTiming::process();
+    if (gpu_timing.recording()) gpu_timing.pop_op();
     runtime.op_tracer()->end(*op, runtime.device().now_ns());
     if (t_current_op == op->sequence) t_current_op = op->parent;
   }

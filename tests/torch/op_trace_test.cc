@@ -1,10 +1,12 @@
 // The op hooks' trace events (format version 3) for a managed LibTorch model:
 // every op that touches managed tensors is an op_begin/op_end pair with its
-// aten name, nested ops name their parent, and chunk uses fall inside ops.
+// aten name, nested ops name their parent, and chunk uses fall inside ops;
+// and memory_stats_json() says where op timing comes from.
 // Its own program: the process runtime is configured once, here with a trace.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <map>
@@ -105,6 +107,15 @@ TEST(TorchOpTrace, ManagedModelOpsArePairedAndNamed) {
   EXPECT_TRUE(names.contains("aten::addmm")) << ::testing::PrintToString(names);
   EXPECT_GT(nested, 0) << "aten::t runs aten::transpose on the managed weight";
   EXPECT_GT(accesses_inside_ops, 0);
+
+  // Op timing (hooks/torch/op_gpu_timing.h): on the sim device the op_end
+  // durations above are the timing, and the stats say why CUPTI is not used.
+  const nlohmann::json stats = nlohmann::json::parse(spillway::memory_stats_json());
+  ASSERT_TRUE(stats.contains("op_timing")) << stats.dump();
+  EXPECT_EQ(stats["op_timing"]["source"], "wall_clock");
+  EXPECT_NE(stats["op_timing"]["reason"].get<std::string>().find("sim device"), std::string::npos)
+      << stats["op_timing"].dump();
+  EXPECT_EQ(stats["op_timing"]["kernels"], 0);
 }
 
 }  // namespace
