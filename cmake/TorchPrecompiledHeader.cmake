@@ -19,9 +19,11 @@
 # when it was built with the TU's flags (-fPIC vs -fPIE, -g level, -fsanitize,
 # the macros the header reads: NDEBUG, torch's USE_* definitions) and otherwise
 # silently compiles without it; CMake passes -Winvalid-pch, so a mismatch
-# shows up as a warning in the build log. So there is one host per flavour of
-# position-independent code (a library's -fPIC, an executable's -fPIE), each
-# compiled with the compile definitions every torch target has: torch's
+# shows up as a warning in the build log. Executables would take -fPIE and
+# libraries -fPIC, which would need two PCHs; a torch executable is compiled
+# with -fPIC instead (after CMake's -fPIE, so it wins; the code is the same up
+# to a few relocations), so one PCH serves every torch target of the build.
+# The host is compiled with the compile definitions every torch target has: torch's
 # usage requirements and NDEBUG (Debian's libtorch is built with it, and
 # RecordFunction's layout differs without it; see hooks/torch/CMakeLists.txt).
 # The hosts are EXCLUDE_FROM_ALL: a flavour no target uses is never built.
@@ -39,10 +41,9 @@ set(_spillway_torch_pch_source "${PROJECT_BINARY_DIR}/cmake/spillway_torch_pch.c
 file(CONFIGURE OUTPUT "${_spillway_torch_pch_source}"
      CONTENT "// Compiles the precompiled <torch/torch.h> (cmake/TorchPrecompiledHeader.cmake).\n")
 
-# spillway_torch_pch_pic: for libraries (-fPIC); spillway_torch_pch_pie: for
-# executables (-fPIE); spillway_torch_pch_nopic: for either, where
-# POSITION_INDEPENDENT_CODE is off.
-foreach(_flavour pic pie nopic)
+# spillway_torch_pch_pic: for every target with position-independent code;
+# spillway_torch_pch_nopic: where POSITION_INDEPENDENT_CODE is off.
+foreach(_flavour pic nopic)
   set(_host spillway_torch_pch_${_flavour})
   add_library(${_host} OBJECT EXCLUDE_FROM_ALL "${_spillway_torch_pch_source}")
   target_link_libraries(${_host} PRIVATE ${TORCH_LIBRARIES})
@@ -52,10 +53,6 @@ foreach(_flavour pic pie nopic)
     set_target_properties(${_host} PROPERTIES POSITION_INDEPENDENT_CODE ON)
   else()
     set_target_properties(${_host} PROPERTIES POSITION_INDEPENDENT_CODE OFF)
-  endif()
-  if(_flavour STREQUAL "pie")
-    # What CMake passes an executable with POSITION_INDEPENDENT_CODE on.
-    target_compile_options(${_host} PRIVATE ${CMAKE_CXX_COMPILE_OPTIONS_PIE})
   endif()
 endforeach()
 unset(_host)
@@ -69,10 +66,11 @@ function(spillway_torch_pch)
       set(flavour pic)  # always -fPIC
     elseif(NOT pic)
       set(flavour nopic)
-    elseif(type STREQUAL "EXECUTABLE")
-      set(flavour pie)
     else()
       set(flavour pic)
+      if(type STREQUAL "EXECUTABLE")
+        target_compile_options(${target} PRIVATE ${CMAKE_CXX_COMPILE_OPTIONS_PIC})
+      endif()
     endif()
     target_precompile_headers(${target} REUSE_FROM spillway_torch_pch_${flavour})
   endforeach()
