@@ -51,7 +51,7 @@ STEPS=(
   "gpu_tests 180 continue"  # ctest -L gpu: must pass, and must not skip on a GPU
   "gpu_bench 90 continue"   # bench_device --device=cuda: metric lines
   "pluggable 150 continue"  # libspillway.so as torch's allocator vs torch's own
-  "python_train 200 continue"  # a Python script under SPILLWAY_CONF, spilling, and its report
+  "python_train 240 continue"  # a Python script under SPILLWAY_CONF, spilling (planned, LRU), CUPTI, its report
 )
 
 # Build dependencies fetched by --fetch-deps (Debian package names): what the

@@ -9,10 +9,14 @@ four times, each in a fresh interpreter:
              allocator from interpreter start (CUDAPluggableAllocator)
   spilling   the same with spillway.manage(model) and a budget below the
              model's parameters and gradients, so chunks spill every step;
-             its trace goes to spillway-report
+             its trace goes to spillway-report, and CUPTI's kernels are
+             joined with the traced ops (memory_stats()["op_timing"])
+  spilling_lru   as spilling, under policy:lru: its stall time and bytes beside
+             the planned policy's (issue 6)
   spillway_adam  as spilling, with spillway.optim.Adam (state in chunks)
-Losses and final parameters must be identical in the first three; the
-fourth prints its losses beside them. Prints
+Losses and final parameters must be identical in all but the last, which
+prints its losses beside them. CUPTI that cannot record here (another
+profiler, no permission) is reported, not failed. Prints
 `metric NAME VALUE UNIT` lines; exits 1 on a mismatch or failure, 2 without
 torch >= 2.0 with CUDA and a GPU.
 
@@ -72,6 +76,9 @@ def main():
             "spilling": run_script({**env, "SPILLWAY_CONF":
                                     f"{conf},device_budget:{args.budget},trace:{trace}"},
                                    ["--manage"]),
+            "spilling_lru": run_script({**env, "SPILLWAY_CONF":
+                                        f"{conf},device_budget:{args.budget},policy:lru"},
+                                       ["--manage"]),
             "spillway_adam": run_script({**env, "SPILLWAY_CONF":
                                          f"{conf},device_budget:{args.budget}"},
                                         ["--manage", "--optimizer", "spillway"])}
@@ -85,6 +92,22 @@ def main():
               f"identical to torch: {identical}")
         print(f"metric python_{name}_tokens_per_s {run['tokens_per_s']:.0f} tokens/s")
         print(f"metric python_{name}_max_reserved {run['max_reserved'] / 2**20:.0f} MiB")
+    for name in ("spilling", "spilling_lru"):
+        figures = runs[name]["spillway"]
+        print(f"{name}: {json.dumps(figures)}")
+        print(f"metric python_{name}_stall {figures['stall_ns'] / 1e6:.1f} ms")
+        print(f"metric python_{name}_h2d {figures['bytes_moved.h2d'] / 2**20:.0f} MiB")
+        print(f"metric python_{name}_prefetches {figures['prefetches']} count")
+    op_timing = runs["spilling"]["spillway"]["op_timing"]
+    if op_timing["source"] == "cupti":
+        print(f"metric python_cupti_ops {op_timing['ops']} ops")
+        print(f"metric python_cupti_kernels {op_timing['kernels']} kernels")
+        print(f"metric python_cupti_uncorrelated {op_timing['uncorrelated']} records")
+        if op_timing["ops"] == 0 or op_timing["kernels"] == 0:
+            print("python_train_check: CUPTI recorded, but no kernel was joined with an op")
+            same = False
+    else:
+        print(f"python_train_check: CUPTI not used: {op_timing['reason']}")
     report = os.path.join(args.build, "bin", "spillway-report")
     html = os.path.join(args.out, "python_train_report.html")
     summary = subprocess.run([report, trace, "-o", html, "--summary"], capture_output=True,

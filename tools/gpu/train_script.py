@@ -4,7 +4,9 @@
 It knows nothing of spillway unless --manage is given, which adds the one line
 a script adds to put its parameters into chunks (spillway.manage(model)).
 Prints one JSON line: the losses, a checksum of the final parameters, tokens
-per second over the steps after the first, and peak reserved memory.
+per second over the steps after the first, and peak reserved memory; with
+--manage also spillway's figures (bytes moved, prefetches, stall time, the
+policy and where op timing came from: memory_stats()).
 """
 import argparse
 import json
@@ -58,12 +60,18 @@ def main():
     seconds = time.perf_counter() - start
     with torch.no_grad():
         checksum = sum(float(p.double().sum()) for p in model.parameters())
-    print(json.dumps({
+    result = {
         "losses": losses,
         "checksum": checksum,
         "tokens_per_s": (args.steps - 1) * args.batch * args.sequence / seconds,
         "max_reserved": torch.cuda.max_memory_reserved(),
-    }))
+    }
+    if args.manage:
+        stats = spillway.memory_stats()
+        result["spillway"] = {key: stats.get(key) for key in (
+            "bytes_moved.h2d", "bytes_moved.d2h", "prefetches", "evictions", "stall_ns",
+            "policy", "op_timing")}
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":
