@@ -21,6 +21,8 @@ import subprocess
 import sys
 import time
 
+from torch_gpu import missing_torch_gpu
+
 
 def train(steps, batch, width, layers):
     """The loop both runs share; returns (losses, seconds per step)."""
@@ -90,14 +92,9 @@ def main():
         run_one(args.child, os.path.abspath(args.lib), args.conf, *shape)
         return 0
 
-    try:
-        import torch
-    except ImportError:
-        print("pluggable_allocator_check: torch is not importable")
-        return 2
-    if not torch.cuda.is_available() or not hasattr(torch.cuda.memory, "CUDAPluggableAllocator"):
-        print(f"pluggable_allocator_check: needs torch >= 2.0 with a GPU (torch {torch.__version__}, "
-              f"cuda available: {torch.cuda.is_available()})")
+    missing = missing_torch_gpu()
+    if missing:
+        print(f"pluggable_allocator_check: {missing}")
         return 2
     if not os.path.exists(args.lib):
         print(f"pluggable_allocator_check: {args.lib} does not exist (build spillway first)")

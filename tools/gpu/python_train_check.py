@@ -29,6 +29,8 @@ import subprocess
 import sys
 import tempfile
 
+from torch_gpu import missing_torch_gpu
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 
@@ -51,14 +53,9 @@ def main():
     parser.add_argument("--chunk-size", default="128MiB")
     args = parser.parse_args()
 
-    try:
-        import torch
-    except ImportError:
-        print("python_train_check: skipped: no torch")
-        return 2
-    if not torch.cuda.is_available() or not hasattr(torch.cuda.memory, "CUDAPluggableAllocator"):
-        print(f"python_train_check: skipped: torch {torch.__version__} without CUDA or "
-              "CUDAPluggableAllocator")
+    missing = missing_torch_gpu()
+    if missing:
+        print(f"python_train_check: skipped: {missing}")
         return 2
 
     os.makedirs(args.out, exist_ok=True)
