@@ -7,19 +7,13 @@
 #include <string>
 
 #include "allocator/make_device.h"
+#include "tests/tracer/cupti/cupti_test_support.h"
 #include "tracer/cupti/cupti_source.h"
 
 namespace spillway {
 namespace {
 
-int warnings_in(const std::string& log) {
-  int count = 0;
-  for (std::size_t at = log.find("spillway[warn]"); at != std::string::npos;
-       at = log.find("spillway[warn]", at + 1)) {
-    ++count;
-  }
-  return count;
-}
+using cupti_testing::warnings_in;
 
 class cupti_Fallback : public ::testing::Test {
  protected:

@@ -3,6 +3,7 @@
 // correlation stack, that buffers CUPTI completes reach the timeline, and
 // that stop() gives everything back. No GPU needed.
 #include "tracer/cupti/cupti_source.h"
+#include "tests/tracer/cupti/cupti_test_support.h"
 
 #include <gtest/gtest.h>
 
@@ -172,14 +173,7 @@ const CuptiCalls fake_calls{
     .driver_loadable = [] { return fake.driver; },
 };
 
-int warnings_in(const std::string& log) {
-  int count = 0;
-  for (std::size_t at = log.find("spillway[warn]"); at != std::string::npos;
-       at = log.find("spillway[warn]", at + 1)) {
-    ++count;
-  }
-  return count;
-}
+using cupti_testing::warnings_in;
 
 class cupti_Source : public ::testing::Test {
  protected:
