@@ -63,6 +63,51 @@ TEST(ChromeTrace, StallStartingBeforeTheTraceIsCut) {
   EXPECT_EQ(count_events(document, "X", "stall on chunk 4"), 1u);
 }
 
+// Version 3: each op is a complete event named from its op_name records,
+// on a row per thread of an "ops" process, nested ops inside their parent.
+TEST(ChromeTrace, OpsAreSpansOnTheirThreadsRows) {
+  TraceFileContents trace;
+  trace.format_version = 3;
+  trace.op_names = {{1, "aten::linear"}, {2, "aten::addmm"}};
+  auto op = [](std::uint64_t time_ns, TraceEventKind kind, std::uint32_t name, std::uint64_t thread,
+               std::uint64_t sequence, std::uint64_t size) {
+    TraceEvent event;
+    event.time_ns = time_ns;
+    event.kind = kind;
+    event.client = name;
+    event.stream = thread;
+    event.address = sequence;
+    event.size = size;
+    return event;
+  };
+  trace.events = {op(1000, TraceEventKind::op_begin, 1, 77, 1, 0),
+                  op(1100, TraceEventKind::op_begin, 2, 77, 2, 1),
+                  op(1400, TraceEventKind::op_end, 2, 77, 2, 300),
+                  op(1500, TraceEventKind::op_end, 1, 77, 1, 500),
+                  op(1600, TraceEventKind::op_begin, 2, 99, 3, 0),
+                  op(1700, TraceEventKind::op_end, 2, 99, 3, 100)};
+  const json document = chrome_trace(trace, build_report_model(trace));
+  testing::expect_valid_chrome_trace(document);
+  EXPECT_EQ(count_events(document, "X", "aten::linear"), 1u);
+  EXPECT_EQ(count_events(document, "X", "aten::addmm"), 2u);
+  EXPECT_EQ(count_events(document, "M", "process_name"), 2u);  // spillway, ops
+  for (const json& event : document["traceEvents"]) {
+    if (event["ph"] != "X") continue;
+    EXPECT_EQ(event["pid"], 2);
+    if (event["args"]["sequence"] == 1) {  // the outer op: 0 to 0.5 us on the first row
+      EXPECT_DOUBLE_EQ(event["ts"].get<double>(), 0.0);
+      EXPECT_DOUBLE_EQ(event["dur"].get<double>(), 0.5);
+      EXPECT_EQ(event["tid"], 0);
+    }
+    if (event["args"]["sequence"] == 2) {  // inside it
+      EXPECT_DOUBLE_EQ(event["ts"].get<double>(), 0.1);
+      EXPECT_DOUBLE_EQ(event["dur"].get<double>(), 0.3);
+      EXPECT_EQ(event["tid"], 0);
+    }
+    if (event["args"]["sequence"] == 3) EXPECT_EQ(event["tid"], 1);  // another thread's row
+  }
+}
+
 TEST(ChromeTrace, DemoTraceIsValid) {
   const TraceFileContents trace = testing::demo_v2_trace();
   testing::expect_valid_chrome_trace(chrome_trace(trace, build_report_model(trace)));

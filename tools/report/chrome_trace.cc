@@ -14,6 +14,9 @@ using nlohmann::json;
 
 constexpr int kPid = 1;
 constexpr int kAllocatorTid = 0;
+// Ops (format version 3) run on the program's threads, not on the
+// allocator's or a client's row: a process of their own, a row per thread.
+constexpr int kOpsPid = 2;
 
 int client_tid(std::uint32_t client) { return static_cast<int>(client) + 1; }
 
@@ -131,6 +134,32 @@ void add_stalls(const ReportModel& model, std::vector<json>* events) {
   }
 }
 
+// One complete event per op_end (it carries the op's duration), on its
+// thread's row; nested ops nest in the viewer. Returns the threads seen, in
+// order of first op.
+std::vector<std::uint64_t> add_ops(const TraceFileContents& trace, const ReportModel& model,
+                                   std::vector<json>* events) {
+  std::vector<std::uint64_t> threads;
+  for (const TraceEvent& event : trace.events) {
+    if (event.kind != TraceEventKind::op_end) continue;
+    auto thread = std::find(threads.begin(), threads.end(), event.stream);
+    if (thread == threads.end()) thread = threads.insert(threads.end(), event.stream);
+    const auto name = trace.op_names.find(event.client);
+    const std::uint64_t begin_ns =
+        std::max(event.time_ns >= event.size ? event.time_ns - event.size : 0, model.first_time_ns);
+    const std::uint64_t end_ns = std::max(event.time_ns, begin_ns);
+    events->push_back(
+        {{"name", name != trace.op_names.end() ? name->second : fmt::format("op {}", event.client)},
+         {"ph", "X"},
+         {"pid", kOpsPid},
+         {"tid", static_cast<int>(thread - threads.begin())},
+         {"ts", micros(model, begin_ns)},
+         {"dur", static_cast<double>(end_ns - begin_ns) / 1e3},
+         {"args", {{"sequence", event.address}, {"thread", event.stream}}}});
+  }
+  return threads;
+}
+
 }  // namespace
 
 json chrome_trace(const TraceFileContents& trace, const ReportModel& model) {
@@ -138,6 +167,7 @@ json chrome_trace(const TraceFileContents& trace, const ReportModel& model) {
   add_counters(model, &events);
   add_instants(trace, model, &events);
   add_stalls(model, &events);
+  const std::vector<std::uint64_t> op_threads = add_ops(trace, model, &events);
   std::stable_sort(events.begin(), events.end(), [](const json& a, const json& b) {
     return a["ts"].get<double>() < b["ts"].get<double>();
   });
@@ -148,6 +178,17 @@ json chrome_trace(const TraceFileContents& trace, const ReportModel& model) {
   for (const ClientActivity& client : model.clients) {
     all.push_back(
         name_event("thread_name", client_tid(client.client), client_label(client.client)));
+  }
+  if (!op_threads.empty()) {
+    json ops_name = name_event("process_name", 0, "ops");
+    ops_name["pid"] = kOpsPid;
+    all.push_back(std::move(ops_name));
+    for (std::size_t row = 0; row < op_threads.size(); ++row) {
+      json thread_name = name_event("thread_name", static_cast<int>(row),
+                                    fmt::format("thread {}", op_threads[row]));
+      thread_name["pid"] = kOpsPid;
+      all.push_back(std::move(thread_name));
+    }
   }
   for (json& event : events) all.push_back(std::move(event));
 
