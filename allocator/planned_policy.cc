@@ -9,26 +9,24 @@ namespace spillway {
 
 PlannedPolicy::PlannedPolicy(int warmup_steps) : warmup_steps_(std::max(1, warmup_steps)) {}
 
-void PlannedPolicy::on_access(ChunkId chunk) { record_or_follow(chunk, /*on_host=*/false); }
+void PlannedPolicy::on_access(ChunkId chunk) { record_or_follow({chunk, /*on_host=*/false}); }
 
-void PlannedPolicy::on_host_access(ChunkId chunk) { record_or_follow(chunk, /*on_host=*/true); }
+void PlannedPolicy::on_host_access(ChunkId chunk) { record_or_follow({chunk, /*on_host=*/true}); }
 
-void PlannedPolicy::record_or_follow(ChunkId chunk, bool on_host) {
-  lru_.on_access(chunk);
+void PlannedPolicy::record_or_follow(Access access) {
+  lru_.on_access(access.chunk);
   switch (phase_) {
     case Phase::tracing:
       if (recording_overflowed_) break;
       if (recording_.size() == kMaxTracedAccesses) {
         recording_overflowed_ = true;
-        std::vector<ChunkId>().swap(recording_);
-        std::vector<bool>().swap(recording_on_host_);
+        std::vector<Access>().swap(recording_);
         break;
       }
-      recording_.push_back(chunk);
-      recording_on_host_.push_back(on_host);
+      recording_.push_back(access);
       break;
     case Phase::following:
-      if (position_ < sequence_.size() && sequence_[position_] == chunk) {
+      if (position_ < sequence_.size() && sequence_[position_].chunk == access.chunk) {
         ++position_;
       } else {
         diverge();
@@ -49,7 +47,7 @@ void PlannedPolicy::on_removed(ChunkId chunk) { lru_.on_removed(chunk); }
 
 std::optional<ChunkId> PlannedPolicy::choose_victim(const EvictionCandidates& candidates) {
   if (phase_ != Phase::following) return lru_.choose_victim(candidates);
-  const std::optional<Victim> victim = farthest_next_use(candidates);
+  const std::optional<Victim> victim = farthest_next_use(position_, &candidates);
   if (!victim) return std::nullopt;
   return victim->chunk;
 }
@@ -62,9 +60,8 @@ std::optional<ChunkId> PlannedPolicy::prefetch_candidate() const {
   // (acquire_host drops it or writes around it), so it is skipped.
   std::vector<ChunkId> used_on_host_first;
   for (std::size_t ahead = 0; ahead < lookahead; ++ahead) {
-    const std::size_t index = (position_ + ahead) % sequence_.size();
-    const ChunkId chunk = sequence_[index];
-    if (sequence_on_host_[index]) {
+    const auto [chunk, on_host] = sequence_[(position_ + ahead) % sequence_.size()];
+    if (on_host) {
       used_on_host_first.push_back(chunk);
       continue;
     }
@@ -85,22 +82,19 @@ std::optional<ChunkId> PlannedPolicy::choose_victim_for_prefetch(
   const std::size_t until_use = distance_to_next_use(incoming);
   if (until_use == std::numeric_limits<std::size_t>::max()) return std::nullopt;
   const std::size_t use = position_ + until_use;  // may run into the next repetition
-  std::optional<Victim> victim;
-  for (const ChunkId chunk : lru_.recency()) {  // every resident chunk, in use or not
-    const std::size_t distance = distance_from(use, chunk);
-    if (!victim || distance > victim->next_use) victim = Victim{chunk, distance};
-  }
+  // Among every resident chunk, in use or not: Belady's choice at the use.
+  const std::optional<Victim> victim = farthest_next_use(use, nullptr);
   if (!victim || !candidates.evictable(victim->chunk)) return std::nullopt;
   if (distance_to_next_use(victim->chunk) < until_use) return std::nullopt;  // used before
   return victim->chunk;
 }
 
 std::optional<PlannedPolicy::Victim> PlannedPolicy::farthest_next_use(
-    const EvictionCandidates& candidates) const {
+    std::size_t from, const EvictionCandidates* candidates) const {
   std::optional<Victim> victim;
   for (const ChunkId chunk : lru_.recency()) {  // least recent first: ties go to it
-    if (!candidates.evictable(chunk)) continue;
-    const std::size_t distance = distance_to_next_use(chunk);
+    if (candidates != nullptr && !candidates->evictable(chunk)) continue;
+    const std::size_t distance = distance_from(from, chunk);
     if (!victim || distance > victim->next_use) victim = Victim{chunk, distance};
     if (victim->next_use == std::numeric_limits<std::size_t>::max()) break;  // never used again
   }
@@ -115,7 +109,6 @@ void PlannedPolicy::on_step_end() {
         build_plan();
       } else {
         recording_.clear();
-        recording_on_host_.clear();
       }
       recording_overflowed_ = false;
       break;
@@ -132,7 +125,6 @@ void PlannedPolicy::on_step_end() {
       phase_ = Phase::tracing;
       traced_steps_ = warmup_steps_ - 1;
       recording_.clear();
-      recording_on_host_.clear();
       recording_overflowed_ = false;
       break;
   }
@@ -156,11 +148,9 @@ PolicyState PlannedPolicy::state() const {
 
 void PlannedPolicy::build_plan() {
   sequence_ = std::move(recording_);
-  sequence_on_host_ = std::move(recording_on_host_);
   recording_.clear();
-  recording_on_host_.clear();
   uses_.clear();
-  for (std::size_t i = 0; i < sequence_.size(); ++i) uses_[sequence_[i]].push_back(i);
+  for (std::size_t i = 0; i < sequence_.size(); ++i) uses_[sequence_[i].chunk].push_back(i);
   position_ = 0;
   phase_ = Phase::following;
   ++state_.plans_built;
@@ -170,7 +160,6 @@ void PlannedPolicy::diverge() {
   phase_ = Phase::diverged;
   ++state_.divergences;
   sequence_.clear();
-  sequence_on_host_.clear();
   uses_.clear();
   position_ = 0;
 }

@@ -70,7 +70,12 @@ class PlannedPolicy final : public EvictionPolicy {
  private:
   enum class Phase { tracing, following, diverged };
 
-  void record_or_follow(ChunkId chunk, bool on_host);
+  struct Access {
+    ChunkId chunk;
+    bool on_host;  // acquire_host, not acquire: never prefetched
+  };
+
+  void record_or_follow(Access access);
   void build_plan();
   void diverge();
   // Accesses from the current position to the chunk's next use; max() when
@@ -80,21 +85,21 @@ class PlannedPolicy final : public EvictionPolicy {
   std::size_t distance_from(std::size_t from, ChunkId chunk) const;
   struct Victim {
     ChunkId chunk;
-    std::size_t next_use;  // distance_to_next_use
+    std::size_t next_use;  // distance_from(from, chunk)
   };
-  // The acceptable chunk whose next use is farthest; ties go to the least
-  // recently used.
-  std::optional<Victim> farthest_next_use(const EvictionCandidates& candidates) const;
+  // The resident chunk whose next use from sequence index `from` is
+  // farthest, among those `candidates` accepts (every one when null); ties go
+  // to the least recently used.
+  std::optional<Victim> farthest_next_use(std::size_t from,
+                                          const EvictionCandidates* candidates) const;
 
   LruPolicy lru_;  // evictions while tracing or diverged; recency for ties
   int warmup_steps_;
   Phase phase_ = Phase::tracing;
   int traced_steps_ = 0;  // since the last plan was dropped
-  std::vector<ChunkId> recording_;
-  std::vector<bool> recording_on_host_;  // per access: acquire_host, not acquire
+  std::vector<Access> recording_;
   bool recording_overflowed_ = false;
-  std::vector<ChunkId> sequence_;                               // the planned step's accesses
-  std::vector<bool> sequence_on_host_;                          // never prefetched
+  std::vector<Access> sequence_;                                // the planned step's accesses
   std::unordered_map<ChunkId, std::vector<std::size_t>> uses_;  // positions in sequence_
   std::size_t position_ = 0;                                    // index of the next expected access
   PolicyState state_;
