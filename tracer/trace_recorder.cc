@@ -27,29 +27,14 @@ TraceRecorder::TraceRecorder(std::unique_ptr<TraceFileWriter> writer, TraceRecor
 TraceRecorder::~TraceRecorder() { close(); }
 
 void TraceRecorder::record(const TraceEvent& event) {
-  std::unique_lock lock(mutex_);
-  // A full batch with no room to hand it over: wait for the writer (the
-  // memory bound), unless the file is gone.
-  while (!closed_ && !failed_ && current_.size() >= options_.batch_events &&
-         pending_.size() >= options_.max_pending_batches) {
-    done_cv_.wait(lock);
-  }
-  if (closed_ || failed_) {
-    ++dropped_;
-    return;
-  }
-  if (current_.size() >= options_.batch_events) submit_current_locked();
-  current_.push_back(event);
-  ++recorded_;
-  if (current_.size() >= options_.batch_events && pending_.size() < options_.max_pending_batches) {
-    submit_current_locked();
-  }
+  record_together(std::span<const TraceEvent>(&event, 1));
 }
 
-// Like record(), for a run of events that must stay consecutive: they go
-// into one batch (a fresh one when the current batch lacks room), so a crash
-// cuts the file before or after them, never inside (unless the run is longer
-// than a batch).
+// A run of events that must stay consecutive goes into one batch (a fresh
+// one when the current batch lacks room), so a crash cuts the file before or
+// after them, never inside (unless the run is longer than a batch). A full
+// batch with no room to hand it over makes the caller wait for the writer
+// (the memory bound), unless the file is gone.
 void TraceRecorder::record_together(std::span<const TraceEvent> events) {
   std::unique_lock lock(mutex_);
   auto lacks_room = [&] { return current_.size() + events.size() > options_.batch_events; };
