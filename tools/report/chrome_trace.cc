@@ -52,6 +52,23 @@ json instant(const ReportModel& model, std::uint64_t time_ns, std::string name, 
           {"args", std::move(args)}};
 }
 
+// An `X` event for something that lasted `duration_ns` and ended at
+// `end_ns`. One that began before the first event is cut there, so no ts is
+// negative.
+json complete_event(const ReportModel& model, std::string name, int pid, int tid,
+                    std::uint64_t end_ns, std::uint64_t duration_ns, json args) {
+  const std::uint64_t begin_ns =
+      std::max(end_ns >= duration_ns ? end_ns - duration_ns : 0, model.first_time_ns);
+  end_ns = std::max(end_ns, begin_ns);
+  return {{"name", std::move(name)},
+          {"ph", "X"},
+          {"pid", pid},
+          {"tid", tid},
+          {"ts", micros(model, begin_ns)},
+          {"dur", static_cast<double>(end_ns - begin_ns) / 1e3},
+          {"args", std::move(args)}};
+}
+
 void add_counters(const ReportModel& model, std::vector<json>* events) {
   const MemorySample* previous = nullptr;
   for (const MemorySample& sample : model.memory) {
@@ -116,21 +133,11 @@ void add_instants(const TraceFileContents& trace, const ReportModel& model,
 
 void add_stalls(const ReportModel& model, std::vector<json>* events) {
   for (const Stall& stall : model.stalls) {
-    // Note [Stall time]: the wait ended at time_ns. A wait that began before
-    // the first event is cut there, so no ts is negative.
-    const std::uint64_t begin_ns =
-        std::max(stall.time_ns >= stall.duration_ns ? stall.time_ns - stall.duration_ns : 0,
-                 model.first_time_ns);
-    const std::uint64_t end_ns = std::max(stall.time_ns, begin_ns);
-    events->push_back(
-        {{"name", fmt::format("stall on chunk {}", stall.chunk_id)},
-         {"ph", "X"},
-         {"pid", kPid},
-         {"tid", client_tid(stall.client)},
-         {"ts", micros(model, begin_ns)},
-         {"dur", static_cast<double>(end_ns - begin_ns) / 1e3},
-         {"args",
-          {{"chunk", stall.chunk_id}, {"client", stall.client}, {"wait_ns", stall.duration_ns}}}});
+    // Note [Stall time]: the wait ended at time_ns.
+    events->push_back(complete_event(
+        model, fmt::format("stall on chunk {}", stall.chunk_id), kPid, client_tid(stall.client),
+        stall.time_ns, stall.duration_ns,
+        {{"chunk", stall.chunk_id}, {"client", stall.client}, {"wait_ns", stall.duration_ns}}));
   }
 }
 
@@ -145,17 +152,10 @@ std::vector<std::uint64_t> add_ops(const TraceFileContents& trace, const ReportM
     auto thread = std::find(threads.begin(), threads.end(), event.stream);
     if (thread == threads.end()) thread = threads.insert(threads.end(), event.stream);
     const auto name = trace.op_names.find(event.client);
-    const std::uint64_t begin_ns =
-        std::max(event.time_ns >= event.size ? event.time_ns - event.size : 0, model.first_time_ns);
-    const std::uint64_t end_ns = std::max(event.time_ns, begin_ns);
-    events->push_back(
-        {{"name", name != trace.op_names.end() ? name->second : fmt::format("op {}", event.client)},
-         {"ph", "X"},
-         {"pid", kOpsPid},
-         {"tid", static_cast<int>(thread - threads.begin())},
-         {"ts", micros(model, begin_ns)},
-         {"dur", static_cast<double>(end_ns - begin_ns) / 1e3},
-         {"args", {{"sequence", event.address}, {"thread", event.stream}}}});
+    events->push_back(complete_event(
+        model, name != trace.op_names.end() ? name->second : fmt::format("op {}", event.client),
+        kOpsPid, static_cast<int>(thread - threads.begin()), event.time_ns, event.size,
+        {{"sequence", event.address}, {"thread", event.stream}}));
   }
   return threads;
 }
