@@ -1,6 +1,6 @@
 # A precompiled <torch/torch.h> for the targets that include torch headers.
 #
-# Parsing <torch/torch.h> (Debian's libtorch 1.13) costs every translation unit
+# Parsing <torch/torch.h> costs every translation unit
 # that includes it ~20 s, and ~30 s with -g; those TUs are most of the build
 # time. With a precompiled header the parse is done once per build and each
 # TU loads the result instead (measured: a torch test TU went from ~70 s to ~40 s).
@@ -24,7 +24,7 @@
 # with -fPIC instead (after CMake's -fPIE, so it wins; the code is the same up
 # to a few relocations), so one PCH serves every torch target of the build.
 # The host is compiled with the compile definitions every torch target has: torch's
-# usage requirements and NDEBUG (Debian's libtorch is built with it, and
+# usage requirements and NDEBUG (torch is built with it, and
 # RecordFunction's layout differs without it; see hooks/torch/CMakeLists.txt).
 # The hosts are EXCLUDE_FROM_ALL: a flavour no target uses is never built.
 #

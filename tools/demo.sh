@@ -8,7 +8,9 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$root/tools/install-deps.sh"
 build=${SPILLWAY_BUILD_DIR:-$root/build}
 mkdir -p "$build"
-cmake -S "$root" -B "$build" -G Ninja >"$build/configure.log" 2>&1 || { cat "$build/configure.log"; exit 1; }
+# torch: the pinned one in install-deps.sh's environment, found through its interpreter.
+python=$("$root/tools/install-deps.sh" --venv-path)/bin/python
+cmake -S "$root" -B "$build" -G Ninja -DSPILLWAY_PYTHON="$python" >"$build/configure.log" 2>&1 || { cat "$build/configure.log"; exit 1; }
 grep '^-- spillway:' "$build/configure.log" || true
 if grep -q '^-- spillway: Torch found' "$build/configure.log"; then
   cmake --build "$build" -j"$(nproc)" --target spillway-train-demo spillway-report

@@ -26,6 +26,8 @@
 #   OUT                         where the summary and log go (see above)
 #   SPILLWAY_GPU_BUILD_DIR      build folder (default: build-gpu/ at the repo root)
 #   SPILLWAY_GPU_DEPS           folder of carried .deb files (default: .gpu-deps/)
+#   SPILLWAY_PYTHON             the interpreter whose torch to build against
+#                               (default: python3 on PATH, as the GPU image's venv)
 #   SPILLWAY_GPU_CHECK_BUDGET_S time for all steps (default 450: with the last
 #                               kill grace the run ends inside 8 minutes)
 #
@@ -51,6 +53,7 @@ STEPS=(
   "gpu_tests 180 continue"  # ctest -L gpu: must pass, and must not skip on a GPU
   "gpu_bench 90 continue"   # bench_device --device=cuda: metric lines
   "pluggable 150 continue"  # libspillway.so as torch's allocator vs torch's own
+  "train_demo_cuda 120 continue"  # the C++ demo on CUDA, spillway as torch's allocator: bit-identical, tokens/s
   "python_train 240 continue"  # a Python script under SPILLWAY_CONF, spilling (planned, LRU), CUPTI, its report
 )
 
@@ -71,6 +74,7 @@ allow_no_gpu=0
 have_gpu=0
 no_gpu_reason=""
 cuda_arch=""
+python="${SPILLWAY_PYTHON:-$(command -v python3)}"
 torch_prefix=""
 prefix_paths=()
 run_start_s=0
@@ -132,7 +136,7 @@ step_versions() {
   done
   # One python3 start for all torch facts (importing torch takes seconds).
   local torch_out
-  torch_out="$(timed python3 -c '
+  torch_out="$(timed "$python" -c '
 import torch
 print("torch_cmake_prefix_path=" + torch.utils.cmake_prefix_path)
 line = "torch " + torch.__version__ + ", built for CUDA " + str(torch.version.cuda)
@@ -185,7 +189,7 @@ configure_with() {  # configure_with PREFIX_PATH EXTRA_ARGS...
   local prefix_path="$1"
   shift
   local args=(-S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release -DSPILLWAY_BUILD_TESTS=ON
-    -DSPILLWAY_BUILD_BENCHMARKS=ON -DCMAKE_PREFIX_PATH="$prefix_path")
+    -DSPILLWAY_BUILD_BENCHMARKS=ON -DCMAKE_PREFIX_PATH="$prefix_path" -DSPILLWAY_PYTHON="$python")
   [[ -n "$cuda_arch" ]] && args+=(-DCMAKE_CUDA_ARCHITECTURES="$cuda_arch")
   [[ ! -f "$build/CMakeCache.txt" ]] && command -v ninja >/dev/null 2>&1 && args+=(-G Ninja)
   timed cmake "${args[@]}" "$@"
@@ -198,9 +202,8 @@ step_configure() {
   fi
   local base_path
   base_path="$(IFS=';'; echo "${prefix_paths[*]}")"
-  local with_torch="$base_path${torch_prefix:+;$torch_prefix}"
-  with_torch="${with_torch#;}"
-  if ! configure_with "$with_torch"; then
+  # Torch is found through $python (cmake/FindTorchThroughPython.cmake).
+  if ! configure_with "$base_path"; then
     [[ -n "$torch_prefix" ]] || return 1
     # A pip torch's CMake package can fail on what this image lacks (a CUDA
     # library, cuDNN); the device and allocator checks still need running.
@@ -259,7 +262,7 @@ step_pluggable() {
   local lib="$build/allocator/libspillway.so"
   [[ -f "$lib" ]] || { echo "gpu_check: $lib was not built"; return 1; }
   local rc=0
-  timed python3 "$repo/tools/gpu/pluggable_allocator_check.py" --lib "$lib" 2>&1 |
+  timed "$python" "$repo/tools/gpu/pluggable_allocator_check.py" --lib "$lib" 2>&1 |
     tee "$work/pluggable.txt" || rc=$?
   if ((rc == 2)); then  # no torch with CUDA here: the script said why
     step_status=skipped
@@ -267,6 +270,27 @@ step_pluggable() {
     return 0
   fi
   step_note="$(grep -E '^losses identical' "$work/pluggable.txt")"
+  return "$rc"
+}
+
+# spillway-train-demo on CUDA (C++), spillway installed as torch's CUDA
+# allocator through LibTorch's CUDAPluggableAllocator: bit-identical to a run
+# on torch's own allocator (--check), then with spillway's Adam; tokens/s of each.
+step_train_demo_cuda() {
+  local demo="$build/bin/spillway-train-demo"
+  [[ -x "$demo" ]] || {
+    step_status=skipped
+    step_note="spillway-train-demo was not built (no torch)"
+    return 0
+  }
+  local rc=0
+  : >"$work/train_demo_cuda.txt"
+  timed "$demo" --cuda --check --steps 50 2>&1 | tee -a "$work/train_demo_cuda.txt" || rc=1
+  timed "$demo" --cuda --optimizer spillway-adam --steps 50 2>&1 | tee -a "$work/train_demo_cuda.txt" || rc=1
+  # "[plain] 50 steps in 1.23 s: 45678 tokens/s (torch-adam)" -> metric lines.
+  sed -nE 's/^\[(plain|spillway)\] .* ([0-9]+) tokens\/s \((torch|spillway)-adam\)$/metric train_demo_cuda_\1_\3_adam_tokens_per_s \2 tokens\/s/p' \
+    "$work/train_demo_cuda.txt" | tee -a "$work/bench.txt"
+  step_note="$(grep -E '^check: ' "$work/train_demo_cuda.txt" | tail -n 1)"
   return "$rc"
 }
 
@@ -280,7 +304,7 @@ step_python_train() {
     return 0
   }
   local rc=0
-  timed python3 "$repo/tools/gpu/python_train_check.py" --build "$build" --out "$out_dir" 2>&1 |
+  timed "$python" "$repo/tools/gpu/python_train_check.py" --build "$build" --out "$out_dir" 2>&1 |
     tee "$work/python_train.txt" || rc=$?
   if ((rc == 2)); then
     step_status=skipped
@@ -394,6 +418,14 @@ write_summary() {
     echo "## spillway as torch's allocator (CUDAPluggableAllocator)"
     echo
     code_block "$work/pluggable.txt"
+    echo
+    echo "## The C++ demo on CUDA (spillway as LibTorch's CUDA allocator)"
+    echo
+    code_block "$work/train_demo_cuda.txt" '^check: |tokens/s|spillway-train-demo: '
+    echo
+    echo "## A Python training script on CUDA"
+    echo
+    code_block "$work/python_train.txt" '^metric |^losses identical|identical to torch|python_train_check: '
   } >"$summary.tmp" && mv "$summary.tmp" "$summary"
 }
 

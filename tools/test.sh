@@ -9,19 +9,28 @@
 # GPU is usable; the list of skipped tests is printed at the end.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+phase_start=$SECONDS
+timings=()
+timed_phase() {  # records the seconds since the last phase under a name
+  timings+=("$1 $((SECONDS - phase_start)) s")
+  phase_start=$SECONDS
+}
 "$root/tools/install-deps.sh"
+timed_phase "dependencies"
 
 sanitizer=${SPILLWAY_SANITIZER:-}
 build=${SPILLWAY_BUILD_DIR:-$root/build${sanitizer:+-${sanitizer/address/asan}}}
 build=${build/-thread/-tsan}
 jobs=$(nproc)
 
-cmake_args=(-S "$root" -B "$build" -G Ninja -DSPILLWAY_SANITIZER="$sanitizer")
+# torch: the pinned one in install-deps.sh's environment, found through its interpreter.
+python=$("$root/tools/install-deps.sh" --venv-path)/bin/python
+cmake_args=(-S "$root" -B "$build" -G Ninja -DSPILLWAY_SANITIZER="$sanitizer" -DSPILLWAY_PYTHON="$python")
 if [[ -n $sanitizer ]]; then
   cmake_args+=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPILLWAY_BUILD_BENCHMARKS=OFF)
 fi
 if [[ $sanitizer == thread ]]; then
-  # Debian's libtorch is not built with TSan: the synchronisation inside its
+  # torch's wheels are not built with TSan: the synchronisation inside its
   # thread pools is invisible to TSan, which would report races that are not
   # there. The torch bridge runs in the plain and ASan+UBSan builds instead.
   cmake_args+=(-DSPILLWAY_WITH_TORCH=OFF)
@@ -29,7 +38,9 @@ fi
 mkdir -p "$build"
 cmake "${cmake_args[@]}" >"$build/configure.log" 2>&1 || { cat "$build/configure.log"; exit 1; }
 grep '^-- spillway:' "$build/configure.log" || true
+timed_phase "configure"
 cmake --build "$build" -j"$jobs"
+timed_phase "build"
 
 if [[ $sanitizer == address ]]; then
   export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
@@ -49,9 +60,11 @@ set +e
 ctest "${ctest_args[@]}" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
+timed_phase "tests"
 
 echo
 echo "spillway: sanitizer: ${sanitizer:-none}"
+echo "spillway: wall time: $(IFS=,; echo "${timings[*]}" | sed 's/,/, /g')"
 grep '^-- spillway: CUDA backend' "$build/configure.log" | sed 's/^-- //' || true
 skipped=$(grep -E '^[[:space:]]+[0-9]+ - .*\(Skipped\)$' "$log" | sed -E 's/^[[:space:]]*[0-9]+ - //; s/[[:space:]]+#.*//; s/ \(Skipped\)//' | sort -u || true)
 if [[ -n $skipped ]]; then

@@ -11,9 +11,7 @@
 //    acquired with WaitMode::host: CPU kernels read the bytes from the host.
 //    On CUDA it is acquired on the op's current stream with WaitMode::stream,
 //    so the stream, not the host, waits for a fetch, and released on that
-//    stream, so an eviction waits for the op's kernels. Torch before 2.2 has
-//    no generic way to name that stream (Stream::native_handle), so there the
-//    default stream and WaitMode::host serve. The release is in on_op_end,
+//    stream, so an eviction waits for the op's kernels. The release is in on_op_end,
 //    which RecordFunction runs even when the op throws. Nested ops (linear ->
 //    addmm) acquire again: acquires nest in the chunk manager.
 //  - Note [Which inputs an op writes]: an input whose schema argument is
@@ -127,14 +125,10 @@ struct OpStream {
 
 // Note [The op's stream].
 OpStream op_stream(c10::Device device) {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)
   if (device.is_cuda()) {
     const c10::impl::VirtualGuardImpl cuda(c10::DeviceType::CUDA);
     return {Stream{cuda.getStream(device).native_handle()}, WaitMode::stream};
   }
-#else
-  (void)device;
-#endif
   return {};
 }
 

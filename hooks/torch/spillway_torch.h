@@ -37,6 +37,15 @@ void configure(const std::string& conf);
 // std::runtime_error naming the cause when activation fails.
 void activate();
 
+// Makes spillway's caching allocator torch's CUDA allocator (through torch's
+// CUDAPluggableAllocator), so that everything torch allocates on the GPU
+// shares spillway's device budget with the chunks. Activates spillway; needs
+// device:cuda (or device:auto with a usable GPU), and must run before torch
+// allocates any CUDA memory. An allocation spillway cannot satisfy, even by
+// spilling chunks, throws c10::OutOfMemoryError. Throws std::runtime_error
+// naming the cause otherwise (no GPU, a build without torch's CUDA side).
+void use_as_torch_cuda_allocator();
+
 // Moves the parameters into chunks (one chunk-manager client per call) and
 // binds their gradients to grad chunks. Parameters already managed are
 // skipped. Throws std::runtime_error when spillway cannot activate or a

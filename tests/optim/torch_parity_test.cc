@@ -2,7 +2,7 @@
 // the same random parameters and gradients, 50 steps, compared after every
 // step. Prints the measured differences; asserts the bound (max
 // relative parameter difference <= 1e-6 per step, fp32) for Adam and AdamW and
-// bit-identical parameters for SGD. Built with NDEBUG (Debian's libtorch is).
+// bit-identical parameters for SGD. Built with NDEBUG (as torch is).
 #include <torch/torch.h>
 
 #include <cmath>

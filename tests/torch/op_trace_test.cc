@@ -102,8 +102,8 @@ TEST(TorchOpTrace, ManagedModelOpsArePairedAndNamed) {
   EXPECT_EQ(steps, kSteps);
   EXPECT_GT(pairs, 0);
   for (int step = 0; step < kSteps; ++step) EXPECT_GT(ops_per_step[step], 0) << step;
-  // Linear's forward: addmm with the managed weight and bias (LibTorch 1.13
-  // dispatches no aten::linear record; later versions add one around it).
+  // Linear's forward: addmm with the managed weight and bias, inside the
+  // aten::linear record.
   EXPECT_TRUE(names.contains("aten::addmm")) << ::testing::PrintToString(names);
   EXPECT_GT(nested, 0) << "aten::t runs aten::transpose on the managed weight";
   EXPECT_GT(accesses_inside_ops, 0);

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """A Python training script on CUDA under SPILLWAY_CONF (issue 7, gpu_check).
 
-Installs the package built in BUILD into a fresh user site (the way users
-install it: tools/install-python.sh --user), then runs tools/gpu/train_script.py
+Installs the package into this interpreter's environment the way users
+install it (pip install . without build isolation, built in BUILD), then runs
+tools/gpu/train_script.py
 four times, each in a fresh interpreter:
   torch      plain torch, no SPILLWAY_CONF
   allocator  the script unchanged, SPILLWAY_CONF set: spillway is torch's CUDA
@@ -27,7 +28,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 
 from torch_gpu import missing_torch_gpu
 
@@ -59,12 +59,17 @@ def main():
         return 2
 
     os.makedirs(args.out, exist_ok=True)
-    user_base = tempfile.mkdtemp(prefix="spillway-userbase-")
     env = {k: v for k, v in os.environ.items() if k not in ("SPILLWAY_CONF", "PYTHONPATH")}
-    env["PYTHONUSERBASE"] = user_base
     env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
-    subprocess.run(["bash", os.path.join(REPO, "tools", "install-python.sh"), "--build",
-                    args.build, "--user"], env=env, check=True)
+    build_type = ""
+    with open(os.path.join(args.build, "CMakeCache.txt")) as cache:
+        for line in cache:
+            if line.startswith("CMAKE_BUILD_TYPE:"):
+                build_type = line.split("=", 1)[1].strip()
+    # In BUILD, with its build type: pip configures it again and compiles nothing new.
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation",
+                    "--disable-pip-version-check", "-C", f"build-dir={args.build}",
+                    "-C", f"cmake.build-type={build_type}", REPO], env=env, check=True)
 
     trace = os.path.join(args.out, "python_train.trace")
     conf = f"device:cuda,chunk_size:{args.chunk_size}"

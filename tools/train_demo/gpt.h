@@ -1,5 +1,6 @@
-// A small GPT-style language model, built from basic LibTorch ops so that it
-// runs on any LibTorch (1.13 has no scaled_dot_product_attention): token and
+// A small GPT-style language model, built from basic LibTorch ops (attention
+// spelt out rather than scaled_dot_product_attention, whose kernel choice
+// varies by device and version): token and
 // position embeddings, pre-LayerNorm blocks of causal multi-head
 // self-attention and a GELU MLP, a final LayerNorm and an untied LM head.
 // It has no dropout, so a step is a pure function of the parameters and the

@@ -10,14 +10,29 @@
 // 1 on a difference), which is what the ctest and tools/gpu_check.sh run.
 //
 // The configuration comes from SPILLWAY_CONF, or else kDefaultConf: the
-// simulated GPU, because the LibTorch bridge so far computes with CPU
-// kernels on sim-device chunks (docs/torch-bridge.md).
+// simulated GPU, which any machine has.
+//
+// --cuda trains on the GPU instead, with spillway as torch's CUDA allocator
+// (use_as_torch_cuda_allocator: LibTorch's CUDAPluggableAllocator), so the
+// activations share spillway's budget with the chunks (kCudaConf unless
+// SPILLWAY_CONF says otherwise). The allocator is process-wide and must be
+// chosen before torch's first CUDA allocation, so there --check trains the
+// reference in a child process with torch's own allocator
+// (--no-spillway --save-result FILE) and compares with what it saved. Both
+// runs use torch's deterministic algorithms, as bit-identity needs on a GPU.
+// Each run prints its tokens per second.
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -38,6 +53,11 @@ constexpr const char* kDefaultConf =
     "device:sim,strict_residency:true,chunk_size:2MiB,device_budget:6MiB,sim_capacity:256MiB,"
     "policy:lru";
 
+// The GPU: a budget that holds the demo's model data and activations, with
+// room to spare (the demo measures speed and bit-identity there; the sim
+// default is the one that spills).
+constexpr const char* kCudaConf = "device:cuda,chunk_size:2MiB,device_budget:1GiB";
+
 struct DemoOptions {
   TrainerOptions trainer;
   int steps = 20;
@@ -47,6 +67,9 @@ struct DemoOptions {
   std::string dump_trace;
   std::string optimizer = "torch-adam";
   std::string dtype = "f32";
+  bool cuda = false;
+  std::string save_result;  // --save-result: the run's losses and final parameters
+  std::vector<std::string> argv;  // the command line, for --check's child on CUDA
 };
 
 struct RunResult {
@@ -65,9 +88,9 @@ double stat(const nlohmann::json& json, const char* key) {
 
 // SPILLWAY_CONF (or the default) with the trace key --trace asks for. A trace
 // key already in the text wins only when it names the same file.
-std::string configuration_text(const std::string& trace) {
+std::string configuration_text(const std::string& trace, bool cuda) {
   const char* env = std::getenv("SPILLWAY_CONF");
-  std::string conf = env != nullptr && *env != '\0' ? env : kDefaultConf;
+  std::string conf = env != nullptr && *env != '\0' ? env : cuda ? kCudaConf : kDefaultConf;
   if (trace.empty()) return conf;
   const std::string key = "trace:";
   for (std::size_t start = 0; start <= conf.size();) {
@@ -117,6 +140,7 @@ void print_budget(Trainer& trainer, OptimizerKind optimizer) {
 RunResult train(const DemoOptions& demo, bool managed) {
   TrainerOptions options = demo.trainer;
   options.manage = managed;
+  if (demo.cuda) options.device = torch::Device(torch::kCUDA, 0);
   // The reference is torch's own Adam: spillway's would put the parameters
   // into chunks itself.
   if (!managed) options.optimizer = OptimizerKind::torch_adam;
@@ -150,7 +174,10 @@ RunResult train(const DemoOptions& demo, bool managed) {
   }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.final_params = trainer.parameter_copies();
-  fmt::print("[{}] {} steps in {:.2f} s\n", label, demo.steps, result.seconds);
+  const double tokens = double(demo.steps) * double(options.batch) * double(options.model.sequence);
+  fmt::print("[{}] {} steps in {:.2f} s: {:.0f} tokens/s ({})\n", label, demo.steps,
+             result.seconds, tokens / result.seconds,
+             options.optimizer == OptimizerKind::spillway_adam ? "spillway-adam" : "torch-adam");
   if (managed) {
     const nlohmann::json end = stats();
     const auto per_step = [&](const char* key) {
@@ -201,6 +228,65 @@ int compare(const RunResult& plain, const RunResult& managed) {
   return 0;
 }
 
+// --save-result: the losses as one tensor, then the final parameters.
+void save_result(const RunResult& result, const std::string& path) {
+  std::vector<torch::Tensor> saved{torch::tensor(result.losses)};
+  saved.insert(saved.end(), result.final_params.begin(), result.final_params.end());
+  torch::save(saved, path);
+}
+
+RunResult load_result(const std::string& path) {
+  std::vector<torch::Tensor> saved;
+  torch::load(saved, path);
+  if (saved.empty()) throw std::runtime_error(path + " holds no run result");
+  RunResult result;
+  const torch::Tensor losses = saved.front().contiguous();
+  result.losses.assign(losses.data_ptr<float>(), losses.data_ptr<float>() + losses.numel());
+  result.final_params.assign(saved.begin() + 1, saved.end());
+  return result;
+}
+
+// Bit-identity on a GPU: deterministic kernels (embedding's backward
+// accumulates with atomics otherwise) and cuBLAS's deterministic workspace,
+// set before cuBLAS starts.
+void prepare_cuda() {
+  if (!torch::cuda::is_available())
+    throw std::runtime_error("--cuda needs a usable GPU, and torch sees none");
+  setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+}
+
+// --check on CUDA: the reference run in a child process, which allocates
+// with torch's own CUDA allocator; its result comes back through a file.
+RunResult train_reference_in_child(const DemoOptions& demo) {
+  char path[] = "/tmp/spillway-train-demo-reference-XXXXXX";
+  const int fd = mkstemp(path);
+  if (fd < 0) throw std::runtime_error(std::string("mkstemp: ") + std::strerror(errno));
+  close(fd);
+  std::vector<std::string> args;
+  for (const std::string& arg : demo.argv)
+    if (arg != "--check") args.push_back(arg);
+  for (const char* arg : {"--no-spillway", "--save-result"}) args.emplace_back(arg);
+  args.emplace_back(path);
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  std::fflush(stdout);
+  pid_t child = 0;
+  const int spawn_error = posix_spawn(&child, "/proc/self/exe", nullptr, nullptr, argv.data(), environ);
+  if (spawn_error != 0) throw std::runtime_error(std::string("starting the reference run: ") + std::strerror(spawn_error));
+  int status = 0;
+  while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::remove(path);
+    throw std::runtime_error("the reference run (torch's CUDA allocator, child process) failed");
+  }
+  RunResult result = load_result(path);
+  std::remove(path);
+  return result;
+}
+
 int run(const DemoOptions& demo) {
   if (demo.no_spillway && !demo.check && demo.trainer.optimizer != OptimizerKind::torch_adam)
     throw std::invalid_argument("--no-spillway trains with torch-adam (" + demo.optimizer +
@@ -209,11 +295,22 @@ int run(const DemoOptions& demo) {
     throw std::invalid_argument(
         "--dtype bf16 trains with spillway-adam under spillway only (--check and --no-spillway "
         "compare with torch-adam in f32)");
-  if (demo.check || !demo.no_spillway) spillway::configure(configuration_text(demo.trace));
+  if (!demo.save_result.empty() && demo.check)
+    throw std::invalid_argument("--save-result saves one run; --check trains two");
+  const bool managed_run = demo.check || !demo.no_spillway;
+  if (demo.cuda) prepare_cuda();
+  if (managed_run) spillway::configure(configuration_text(demo.trace, demo.cuda));
+  // Before torch's first CUDA allocation: the allocator is chosen once per process.
+  if (managed_run && demo.cuda) spillway::use_as_torch_cuda_allocator();
   print_header(demo);
   std::optional<RunResult> plain, managed;
-  if (demo.check || demo.no_spillway) plain = train(demo, /*managed=*/false);
-  if (demo.check || !demo.no_spillway) managed = train(demo, /*managed=*/true);
+  if (demo.check && demo.cuda) {
+    plain = train_reference_in_child(demo);
+  } else if (demo.check || demo.no_spillway) {
+    plain = train(demo, /*managed=*/false);
+  }
+  if (managed_run) managed = train(demo, /*managed=*/true);
+  if (!demo.save_result.empty()) save_result(managed ? *managed : *plain, demo.save_result);
   if (!demo.trace.empty() && managed) fmt::print("trace: {} (completed at exit)\n", demo.trace);
   if (!demo.dump_trace.empty() && managed) {
     spillway::dump_trace(demo.dump_trace);
@@ -273,6 +370,13 @@ int main(int argc, char** argv) {
   app.add_option("--dump-trace", demo.dump_trace,
                  "after training, write a complete snapshot of the trace so far here "
                  "(spillway::dump_trace; needs --trace or a trace key in SPILLWAY_CONF)");
+  app.add_flag("--cuda", demo.cuda,
+               "train on the GPU, with spillway as torch's CUDA allocator (default "
+               "configuration: " + std::string(kCudaConf) + ")");
+  app.add_option("--save-result", demo.save_result,
+                 "write the run's losses and final parameters here (torch::save), for a "
+                 "comparison in another process");
+  demo.argv.assign(argv, argv + argc);
   CLI11_PARSE(app, argc, argv);
   try {
     demo.trainer.optimizer = parse_optimizer(demo.optimizer);

@@ -53,12 +53,18 @@ Trainer::Trainer(const TrainerOptions& options)
           "every update to bf16");
     model_->to(options.dtype);
   }
+  // Built on the CPU from the seed, then moved: the same weights on any device.
+  if (options.device != torch::kCPU) model_->to(options.device);
   if (options.manage) spillway::manage(*model_);
   optimizer_ = make_optimizer(options.optimizer, model_->parameters(), options.learning_rate);
 }
 
 float Trainer::step() {
-  const Batch batch = task_.next_batch(options_.batch, options_.model.sequence);
+  Batch batch = task_.next_batch(options_.batch, options_.model.sequence);
+  if (options_.device != torch::kCPU) {
+    batch.tokens = batch.tokens.to(options_.device);
+    batch.targets = batch.targets.to(options_.device);
+  }
   optimizer_->zero_grad();
   // The loss in float whatever the model's dtype (a no-op for float).
   const torch::Tensor logits = model_->forward(batch.tokens).to(torch::kFloat);
@@ -73,7 +79,7 @@ float Trainer::step() {
 std::vector<torch::Tensor> Trainer::parameter_copies() {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> copies;
-  for (const torch::Tensor& param : model_->parameters()) copies.push_back(param.clone());
+  for (const torch::Tensor& param : model_->parameters()) copies.push_back(param.to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true));
   return copies;
 }
 

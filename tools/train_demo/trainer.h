@@ -39,6 +39,9 @@ struct TrainerOptions {
   // spillway_adam, which keeps an fp32 master copy of each parameter (torch's
   // Adam would round every update to bf16); the loss is computed in float.
   torch::Dtype dtype = torch::kFloat;
+  // Where the model and the batches live: the CPU (the simulated device's
+  // memory when spillway manages them there) or a CUDA device.
+  torch::Device device = torch::kCPU;
 };
 
 class Trainer {
