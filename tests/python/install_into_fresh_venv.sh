@@ -24,7 +24,7 @@ echo "$deps_site" >"$venv_site/spillway-test-dependencies.pth"
 
 build_type=$(sed -n 's/^CMAKE_BUILD_TYPE:[A-Z]*=//p' "$build/CMakeCache.txt")
 "$venv/bin/python" -m pip install --disable-pip-version-check --no-build-isolation \
-  -C build-dir="$build" -C cmake.build-type="$build_type" "$repo"
+  --config-settings=build-dir="$build" --config-settings=cmake.build-type="$build_type" "$repo"
 # What users get: the package and its activation hook in site-packages.
 for installed in spillway/__init__.py spillway-activate.pth _spillway_activate.py; do
   [[ -e $venv_site/$installed ]] || { echo "pip install . did not install $installed" >&2; exit 1; }

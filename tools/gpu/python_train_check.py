@@ -68,8 +68,8 @@ def main():
                 build_type = line.split("=", 1)[1].strip()
     # In BUILD, with its build type: pip configures it again and compiles nothing new.
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation",
-                    "--disable-pip-version-check", "-C", f"build-dir={args.build}",
-                    "-C", f"cmake.build-type={build_type}", REPO], env=env, check=True)
+                    "--disable-pip-version-check", f"--config-settings=build-dir={args.build}",
+                    f"--config-settings=cmake.build-type={build_type}", REPO], env=env, check=True)
 
     trace = os.path.join(args.out, "python_train.trace")
     conf = f"device:cuda,chunk_size:{args.chunk_size}"
