@@ -20,7 +20,9 @@ rm -rf "$venv"
 }
 deps_site=$("$torch_python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 venv_site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
-echo "$deps_site" >"$venv_site/spillway-test-dependencies.pth"
+# Named to sort before spillway-activate.pth: site.py runs a folder's .pth files in
+# name order, and the activation hook imports torch.
+echo "$deps_site" >"$venv_site/00-spillway-test-dependencies.pth"
 
 build_type=$(sed -n 's/^CMAKE_BUILD_TYPE:[A-Z]*=//p' "$build/CMakeCache.txt")
 "$venv/bin/python" -m pip install --disable-pip-version-check --no-build-isolation \
