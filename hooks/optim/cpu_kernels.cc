@@ -120,6 +120,7 @@ AdamScalars adam_scalars(const AdamConfig& config) {
   s.sqrt_bias_correction2 = static_cast<float>(std::sqrt(bias_correction2));
   s.eps = static_cast<float>(config.eps);
   s.neg_step_size = static_cast<float>(-(config.lr / bias_correction1));
+  s.sqrt = config.sqrt;
   return s;
 }
 

@@ -88,6 +88,11 @@ bool grads_have_inf_or_nan(const void* grads, DType grad_dtype, std::size_t coun
 
 // --- Adam / AdamW ---
 
+// Writes the square roots of in[0, count) to out (no overlap). Adam's square
+// root may come from such a function instead of the correctly rounded one
+// (Note [Square roots from torch] in cpu_kernel_loops.inc).
+using SqrtFunction = void (*)(const float* in, float* out, std::size_t count);
+
 struct AdamConfig {
   double lr = 1e-3;
   double beta1 = 0.9;
@@ -97,7 +102,14 @@ struct AdamConfig {
   bool decoupled_weight_decay = false;  // false: Adam (L2 added to grad); true: AdamW
   std::int64_t step = 1;                // this step's number, 1-based (bias correction)
   float grad_scale = 1.0f;              // grads are multiplied by it first (1/loss_scale)
+  // Null: the correctly rounded square root. Otherwise the CPU kernels take
+  // sqrt(exp_avg_sq) from it, in blocks of at most kSqrtBlock elements, from
+  // several threads at once; the CUDA kernels ignore it.
+  SqrtFunction sqrt = nullptr;
 };
+
+// The largest count an AdamConfig::sqrt is called with.
+inline constexpr std::size_t kSqrtBlock = 2048;
 
 struct AdamArrays {
   std::size_t count = 0;

@@ -20,6 +20,7 @@ struct AdamScalars {
   float sqrt_bias_correction2;
   float eps;
   float neg_step_size;  // -lr / bias_correction1
+  SqrtFunction sqrt;    // null: Ops::sqrt
 };
 
 struct SgdScalars {

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "hooks/torch/optim.h"
+#include "hooks/torch/torch_sqrt.h"
 #if SPILLWAY_HAVE_OPTIM_CUDA
 #include "hooks/optim/cuda_kernels.h"
 #endif
@@ -59,6 +60,9 @@ cpu::AdamConfig adam_config(const Options& o, bool decoupled, std::int64_t step,
   config.decoupled_weight_decay = decoupled;
   config.step = step;
   config.grad_scale = grad_scale;
+  // Bit for bit as torch::optim::Adam on the CPU (Note [Square roots from
+  // torch]); the CUDA kernels take sqrtf, correctly rounded as torch's are.
+  config.sqrt = &torch_sqrt;
   return config;
 }
 

@@ -3,6 +3,7 @@
 // order]) and against a plain double-precision reference; odd lengths and
 // unaligned pointers; threads vs one thread (bit for bit); SGD variants; the
 // gradient statistics behind loss scaling and clipping.
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -137,6 +138,52 @@ TEST_P(KernelVariant, AdamMatchesScalarBitForBit) {
             ASSERT_EQ(tested_low[i + 1], expected) << "low params at " << i;
           }
         }
+      }
+    }
+  }
+}
+
+// A correctly rounded sqrt passed as AdamConfig::sqrt: the blocked path must
+// give the fused path's bits, and see every element exactly once, in blocks of
+// at most kSqrtBlock.
+std::atomic<std::size_t> sqrt_function_elements{0};
+std::atomic<std::size_t> sqrt_function_largest_call{0};
+void counting_sqrt(const float* in, float* out, std::size_t count) {
+  sqrt_function_elements += count;
+  std::size_t largest = sqrt_function_largest_call.load();
+  while (count > largest && !sqrt_function_largest_call.compare_exchange_weak(largest, count)) {
+  }
+  for (std::size_t i = 0; i < count; ++i) out[i] = std::sqrt(in[i]);
+}
+
+TEST_P(KernelVariant, AdamWithSqrtFunctionMatchesFusedPath) {
+  std::vector<std::size_t> lengths(std::begin(kOddLengths), std::end(kOddLengths));
+  lengths.insert(lengths.end(), {kSqrtBlock, kSqrtBlock + 1, 3 * kSqrtBlock + 5, 300007});
+  for (bool adamw : {false, true}) {
+    for (std::size_t count : lengths) {
+      for (int threads : {1, 3}) {
+        TestArrays tested(count, grad_dtype(), 1, count * 5 + 1);
+        TestArrays reference(count, grad_dtype(), 1, count * 5 + 1);
+        std::vector<std::uint16_t> tested_low(count), reference_low(count);
+        const DType low_dtype = grad_dtype() == DType::f16 ? DType::f16 : DType::bf16;
+        sqrt_function_elements = 0;
+        sqrt_function_largest_call = 0;
+        for (std::int64_t step = 1; step <= 2; ++step) {
+          AdamConfig with_function = adam_config(adamw, step);
+          with_function.sqrt = &counting_sqrt;
+          adam_step(tested.adam(low_params() ? tested_low.data() : nullptr, low_dtype),
+                    with_function, {isa(), threads});
+          adam_step(reference.adam(low_params() ? reference_low.data() : nullptr, low_dtype),
+                    adam_config(adamw, step), {isa(), threads});
+        }
+        SCOPED_TRACE(testing::Message() << "count " << count << " threads " << threads
+                                        << (adamw ? " adamw" : " adam"));
+        EXPECT_EQ(sqrt_function_elements.load(), 2 * count);
+        EXPECT_LE(sqrt_function_largest_call.load(), kSqrtBlock);
+        expect_same_bits(tested.params, reference.params, "params");
+        expect_same_bits(tested.exp_avg, reference.exp_avg, "exp_avg");
+        expect_same_bits(tested.exp_avg_sq, reference.exp_avg_sq, "exp_avg_sq");
+        EXPECT_EQ(tested_low, reference_low);
       }
     }
   }
