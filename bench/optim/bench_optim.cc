@@ -9,6 +9,8 @@
 //                                  (p, g, m, v read; p, m, v written); goal >= 0.85
 //   metric cpu_adam_torch_params_per_s  torch::optim::Adam on the same sizes (with Torch)
 //   metric cpu_adam_vs_torch       spillway over torch; goal >= 1.6 (with Torch)
+//   metric cpu_adam_torch_sqrt_params_per_s  spillway's Adam with torch's square
+//                                  root, as the torch bridge runs it (with Torch)
 //
 // Plus, in the table only: each ISA variant, mixed precision (bf16 grads and
 // params with fp32 master and state), and the gradient statistics pass.
@@ -28,6 +30,8 @@
 #ifdef SPILLWAY_BENCH_OPTIM_WITH_TORCH
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
+
+#include "hooks/torch/torch_sqrt.h"
 #endif
 
 namespace spillway::bench {
@@ -145,6 +149,25 @@ void BM_TorchAdam(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_TorchAdam)->Iterations(5)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// The chunked optimizers' CPU path: the blocked step with at::sqrt (Note
+// [Square roots from torch]).
+void BM_SpillwayAdamTorchSqrt(benchmark::State& state) {
+  const std::size_t count = kLargeParams;
+  AdamState adam(count);
+  cpu::AdamConfig config;
+  config.weight_decay = 0.01;
+  config.decoupled_weight_decay = true;
+  config.sqrt = &spillway::optim::torch_sqrt;
+  const double params_per_s = time_steps(state, count, [&](std::int64_t step) {
+    config.step = step;
+    cpu::adam_step({count, adam.params.data(), adam.grads.data(), cpu::DType::f32,
+                    adam.exp_avg.data(), adam.exp_avg_sq.data()},
+                   config, {cpu::Isa::automatic, all_cores()});
+  });
+  state.counters[metric_counter("cpu_adam_torch_sqrt_params_per_s", "params/s")] = params_per_s;
+}
+BENCHMARK(BM_SpillwayAdamTorchSqrt)->Iterations(10)->UseRealTime()->Unit(benchmark::kMillisecond);
 #endif
 
 // Table only: one ISA variant, fp32, kTableParams (registered in main for the

@@ -115,6 +115,9 @@ AdamScalars adam_scalars(const AdamConfig& config) {
   s.decay_factor = static_cast<float>(1.0 - config.lr * config.weight_decay);
   s.beta1 = static_cast<float>(config.beta1);
   s.one_minus_beta1 = static_cast<float>(1.0 - config.beta1);
+  s.first_moment_by_lerp = config.first_moment_by_lerp;
+  s.lerp_weight_small = std::fabs(s.one_minus_beta1) < 0.5f;
+  s.lerp_weight_minus_one = s.one_minus_beta1 - 1.0f;
   s.beta2 = static_cast<float>(config.beta2);
   s.one_minus_beta2 = static_cast<float>(1.0 - config.beta2);
   s.sqrt_bias_correction2 = static_cast<float>(std::sqrt(bias_correction2));

@@ -8,7 +8,7 @@
 //   fp16) and fp32 optimizer state. Each element is read once and written once:
 //   an fp32 Adam step moves 28 bytes per parameter (p, g, m, v read; p, m, v
 //   written), so it is bound by memory bandwidth, not arithmetic.
-// - The math follows LibTorch 1.13's torch::optim::Adam / AdamW / SGD op by op
+// - The math follows LibTorch's torch::optim::Adam / AdamW / SGD op by op
 //   (Note [Torch operation order] in cpu_kernel_loops.inc): the per-step
 //   scalars are computed in double and rounded to float where torch rounds
 //   them, and "add with alpha" is a fused multiply-add, as in ATen's
@@ -102,6 +102,10 @@ struct AdamConfig {
   bool decoupled_weight_decay = false;  // false: Adam (L2 added to grad); true: AdamW
   std::int64_t step = 1;                // this step's number, 1-based (bias correction)
   float grad_scale = 1.0f;              // grads are multiplied by it first (1/loss_scale)
+  // torch.optim.Adam (Python) updates exp_avg as exp_avg.lerp_(grad, 1 - beta1);
+  // torch::optim::Adam (C++) as exp_avg.mul_(beta1).add_(grad, 1 - beta1).
+  // They round differently; true follows the Python one, as ATen's lerp does.
+  bool first_moment_by_lerp = false;
   // Null: the correctly rounded square root. Otherwise the CPU kernels take
   // sqrt(exp_avg_sq) from it, in blocks of at most kSqrtBlock elements, from
   // several threads at once; the CUDA kernels ignore it.

@@ -60,7 +60,12 @@ __global__ void adam_kernel(std::size_t count, float* params, const Grad* grads,
     float param = params[i];
     if (k.decoupled_decay) param = __fmul_rn(param, k.decay_factor);
     if (k.l2_weight_decay) grad = __fmaf_rn(param, k.weight_decay, grad);
-    const float m = __fmaf_rn(grad, k.one_minus_beta1, __fmul_rn(exp_avg[i], k.beta1));
+    // As the CPU kernels' first_moment (Note [Torch operation order]).
+    const float difference = __fsub_rn(grad, exp_avg[i]);
+    const float m = !k.first_moment_by_lerp
+                        ? __fmaf_rn(grad, k.one_minus_beta1, __fmul_rn(exp_avg[i], k.beta1))
+                    : k.lerp_weight_small ? __fmaf_rn(k.one_minus_beta1, difference, exp_avg[i])
+                                          : __fmaf_rn(k.lerp_weight_minus_one, difference, grad);
     const float v =
         __fmaf_rn(__fmul_rn(k.one_minus_beta2, grad), grad, __fmul_rn(exp_avg_sq[i], k.beta2));
     const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), k.sqrt_bias_correction2), k.eps);

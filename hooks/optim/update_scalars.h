@@ -16,6 +16,9 @@ struct AdamScalars {
   bool decoupled_decay;  // AdamW: param *= decay_factor
   float decay_factor;    // 1 - lr * weight_decay
   float beta1, one_minus_beta1;
+  bool first_moment_by_lerp;    // exp_avg.lerp_(grad, one_minus_beta1)
+  bool lerp_weight_small;       // |one_minus_beta1| < 0.5: ATen's lerp branch
+  float lerp_weight_minus_one;  // one_minus_beta1 - 1, rounded to float
   float beta2, one_minus_beta2;
   float sqrt_bias_correction2;
   float eps;

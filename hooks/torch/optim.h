@@ -135,7 +135,13 @@ class Adam final : public ChunkedOptimizer {
        torch::optim::AdamOptions defaults = {});
   Adam(std::vector<torch::Tensor> params, torch::optim::AdamOptions defaults = {});
 
+  // Round exp_avg as torch.optim.Adam (Python) does, not as torch::optim::Adam
+  // (cpu::AdamConfig::first_moment_by_lerp); the Python package sets it.
+  // Call before the first step.
+  void set_first_moment_by_lerp(bool by_lerp) { first_moment_by_lerp_ = by_lerp; }
+
  private:
+  bool first_moment_by_lerp_ = false;
   int state_slots(const torch::optim::OptimizerOptions& options) const override;
   void run_update(const torch::optim::OptimizerOptions& options, const Update& update,
                   Target target, void* cuda_stream) const override;
@@ -148,7 +154,11 @@ class AdamW final : public ChunkedOptimizer {
         torch::optim::AdamWOptions defaults = {});
   AdamW(std::vector<torch::Tensor> params, torch::optim::AdamWOptions defaults = {});
 
+  // As Adam::set_first_moment_by_lerp (torch.optim.AdamW is Python's Adam).
+  void set_first_moment_by_lerp(bool by_lerp) { first_moment_by_lerp_ = by_lerp; }
+
  private:
+  bool first_moment_by_lerp_ = false;
   int state_slots(const torch::optim::OptimizerOptions& options) const override;
   void run_update(const torch::optim::OptimizerOptions& options, const Update& update,
                   Target target, void* cuda_stream) const override;

@@ -50,8 +50,10 @@ void check_groups(const std::vector<torch::optim::OptimizerParamGroup>& groups, 
 }
 
 template <class Options>
-cpu::AdamConfig adam_config(const Options& o, bool decoupled, std::int64_t step, float grad_scale) {
+cpu::AdamConfig adam_config(const Options& o, bool decoupled, bool first_moment_by_lerp,
+                            std::int64_t step, float grad_scale) {
   cpu::AdamConfig config;
+  config.first_moment_by_lerp = first_moment_by_lerp;
   config.lr = o.lr();
   config.beta1 = std::get<0>(o.betas());
   config.beta2 = std::get<1>(o.betas());
@@ -86,9 +88,10 @@ void launch(bool (*kernel)(const Arrays&, const Config&, void*, std::string*), c
 
 // Adam and AdamW share one kernel; only the weight decay differs.
 template <class Options>
-static void run_adam(const Options& o, bool decoupled, const cpu::AdamArrays& arrays,
-                     std::int64_t step, float grad_scale, bool cuda, void* stream) {
-  const cpu::AdamConfig config = adam_config(o, decoupled, step, grad_scale);
+static void run_adam(const Options& o, bool decoupled, bool first_moment_by_lerp,
+                     const cpu::AdamArrays& arrays, std::int64_t step, float grad_scale, bool cuda,
+                     void* stream) {
+  const cpu::AdamConfig config = adam_config(o, decoupled, first_moment_by_lerp, step, grad_scale);
   if (!cuda) return cpu::adam_step(arrays, config);
 #if SPILLWAY_HAVE_OPTIM_CUDA
   launch(&cuda::adam_step, arrays, config, stream);
@@ -121,8 +124,8 @@ void Adam::run_update(const torch::optim::OptimizerOptions& options, const Updat
   check_adam_options("Adam", o);  // options may have changed since construction
   const cpu::AdamArrays arrays{u.count,    u.params,   u.grads,      u.grad_dtype,
                                u.state[0], u.state[1], u.params_low, u.params_low_dtype};
-  run_adam(o, /*decoupled=*/false, arrays, u.step, u.grad_scale, target == Target::cuda,
-           cuda_stream);
+  run_adam(o, /*decoupled=*/false, first_moment_by_lerp_, arrays, u.step, u.grad_scale,
+           target == Target::cuda, cuda_stream);
 }
 
 AdamW::AdamW(std::vector<torch::optim::OptimizerParamGroup> groups,
@@ -148,8 +151,8 @@ void AdamW::run_update(const torch::optim::OptimizerOptions& options, const Upda
   check_adam_options("AdamW", o);
   const cpu::AdamArrays arrays{u.count,    u.params,   u.grads,      u.grad_dtype,
                                u.state[0], u.state[1], u.params_low, u.params_low_dtype};
-  run_adam(o, /*decoupled=*/true, arrays, u.step, u.grad_scale, target == Target::cuda,
-           cuda_stream);
+  run_adam(o, /*decoupled=*/true, first_moment_by_lerp_, arrays, u.step, u.grad_scale,
+           target == Target::cuda, cuda_stream);
 }
 
 SGD::SGD(std::vector<torch::optim::OptimizerParamGroup> groups, torch::optim::SGDOptions defaults)

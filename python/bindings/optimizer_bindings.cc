@@ -74,12 +74,19 @@ std::unique_ptr<ChunkedOptimizer> make_optimizer(const std::string& kind,
   // Torch's constructors take defaults too; the first group's options serve.
   const std::unique_ptr<OptimizerOptions> defaults = make_options(kind, groups.front().second);
   py::gil_scoped_release release;  // placing the state copies into chunks
-  if (kind == "Adam")
-    return std::make_unique<optim::Adam>(std::move(param_groups),
-                                         static_cast<const AdamOptions&>(*defaults));
-  if (kind == "AdamW")
-    return std::make_unique<optim::AdamW>(std::move(param_groups),
-                                          static_cast<const AdamWOptions&>(*defaults));
+  // Python's torch.optim rounds Adam's first moment through lerp_.
+  if (kind == "Adam") {
+    auto adam = std::make_unique<optim::Adam>(std::move(param_groups),
+                                              static_cast<const AdamOptions&>(*defaults));
+    adam->set_first_moment_by_lerp(true);
+    return adam;
+  }
+  if (kind == "AdamW") {
+    auto adamw = std::make_unique<optim::AdamW>(std::move(param_groups),
+                                                static_cast<const AdamWOptions&>(*defaults));
+    adamw->set_first_moment_by_lerp(true);
+    return adamw;
+  }
   return std::make_unique<optim::SGD>(std::move(param_groups),
                                       static_cast<const SGDOptions&>(*defaults));
 }

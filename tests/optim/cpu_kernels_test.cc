@@ -113,29 +113,34 @@ const std::size_t kOddLengths[] = {0, 1, 3, 7, 8, 15, 16, 17, 31, 33, 100, 1000,
 
 TEST_P(KernelVariant, AdamMatchesScalarBitForBit) {
   for (bool adamw : {false, true}) {
-    for (std::size_t count : kOddLengths) {
-      for (std::size_t misalign : {0, 1, 3}) {
-        TestArrays tested(count, grad_dtype(), misalign, count * 7 + misalign);
-        TestArrays reference(count, grad_dtype(), misalign, count * 7 + misalign);
-        std::vector<std::uint16_t> tested_low(count + 1), reference_low(count + 1);
-        const DType low_dtype = grad_dtype() == DType::f16 ? DType::f16 : DType::bf16;
-        for (std::int64_t step = 1; step <= 3; ++step) {
-          adam_step(tested.adam(low_params() ? tested_low.data() + 1 : nullptr, low_dtype),
-                    adam_config(adamw, step), {isa(), 1});
-          adam_step(reference.adam(low_params() ? reference_low.data() + 1 : nullptr, low_dtype),
-                    adam_config(adamw, step), {Isa::scalar, 1});
-        }
-        SCOPED_TRACE(testing::Message() << "count " << count << " misalign " << misalign
-                                        << (adamw ? " adamw" : " adam"));
-        expect_same_bits(tested.params, reference.params, "params");
-        expect_same_bits(tested.exp_avg, reference.exp_avg, "exp_avg");
-        expect_same_bits(tested.exp_avg_sq, reference.exp_avg_sq, "exp_avg_sq");
-        EXPECT_EQ(tested_low, reference_low);
-        if (low_params()) {
-          for (std::size_t i = 0; i < count; ++i) {
-            const std::uint16_t expected = low_dtype == DType::f16 ? float_to_f16(tested.p()[i])
-                                                                   : float_to_bf16(tested.p()[i]);
-            ASSERT_EQ(tested_low[i + 1], expected) << "low params at " << i;
+    for (bool by_lerp : {false, true}) {
+      for (std::size_t count : kOddLengths) {
+        for (std::size_t misalign : {0, 1, 3}) {
+          TestArrays tested(count, grad_dtype(), misalign, count * 7 + misalign);
+          TestArrays reference(count, grad_dtype(), misalign, count * 7 + misalign);
+          std::vector<std::uint16_t> tested_low(count + 1), reference_low(count + 1);
+          const DType low_dtype = grad_dtype() == DType::f16 ? DType::f16 : DType::bf16;
+          for (std::int64_t step = 1; step <= 3; ++step) {
+            AdamConfig config = adam_config(adamw, step);
+            config.first_moment_by_lerp = by_lerp;
+            adam_step(tested.adam(low_params() ? tested_low.data() + 1 : nullptr, low_dtype),
+                      config, {isa(), 1});
+            adam_step(reference.adam(low_params() ? reference_low.data() + 1 : nullptr, low_dtype),
+                      config, {Isa::scalar, 1});
+          }
+          SCOPED_TRACE(testing::Message()
+                       << "count " << count << " misalign " << misalign
+                       << (adamw ? " adamw" : " adam") << (by_lerp ? " lerp" : ""));
+          expect_same_bits(tested.params, reference.params, "params");
+          expect_same_bits(tested.exp_avg, reference.exp_avg, "exp_avg");
+          expect_same_bits(tested.exp_avg_sq, reference.exp_avg_sq, "exp_avg_sq");
+          EXPECT_EQ(tested_low, reference_low);
+          if (low_params()) {
+            for (std::size_t i = 0; i < count; ++i) {
+              const std::uint16_t expected = low_dtype == DType::f16 ? float_to_f16(tested.p()[i])
+                                                                     : float_to_bf16(tested.p()[i]);
+              ASSERT_EQ(tested_low[i + 1], expected) << "low params at " << i;
+            }
           }
         }
       }
