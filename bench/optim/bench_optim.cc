@@ -110,18 +110,25 @@ double time_steps(benchmark::State& state, std::size_t count, const StepFn& step
   return static_cast<double>(count) / best_seconds;
 }
 
-void BM_SpillwayAdam(benchmark::State& state) {
+// spillway's fp32 AdamW over kLargeParams on all cores, square roots from
+// `sqrt` (null: correctly rounded, in the fused pass).
+double spillway_adam_params_per_s(benchmark::State& state, cpu::SqrtFunction sqrt) {
   const std::size_t count = kLargeParams;
   AdamState adam(count);
   cpu::AdamConfig config;
   config.weight_decay = 0.01;
   config.decoupled_weight_decay = true;
-  const double params_per_s = time_steps(state, count, [&](std::int64_t step) {
+  config.sqrt = sqrt;
+  return time_steps(state, count, [&](std::int64_t step) {
     config.step = step;
     cpu::adam_step({count, adam.params.data(), adam.grads.data(), cpu::DType::f32,
                     adam.exp_avg.data(), adam.exp_avg_sq.data()},
                    config, {cpu::Isa::automatic, all_cores()});
   });
+}
+
+void BM_SpillwayAdam(benchmark::State& state) {
+  const double params_per_s = spillway_adam_params_per_s(state, nullptr);
   g_spillway_params_per_s = std::max(g_spillway_params_per_s, params_per_s);
   state.counters[metric_counter("cpu_adam_params_per_s", "params/s")] = params_per_s;
   if (g_stream_bytes_per_s > 0) {
@@ -153,18 +160,7 @@ BENCHMARK(BM_TorchAdam)->Iterations(5)->UseRealTime()->Unit(benchmark::kMillisec
 // The chunked optimizers' CPU path: the blocked step with at::sqrt (Note
 // [Square roots from torch]).
 void BM_SpillwayAdamTorchSqrt(benchmark::State& state) {
-  const std::size_t count = kLargeParams;
-  AdamState adam(count);
-  cpu::AdamConfig config;
-  config.weight_decay = 0.01;
-  config.decoupled_weight_decay = true;
-  config.sqrt = &spillway::optim::torch_sqrt;
-  const double params_per_s = time_steps(state, count, [&](std::int64_t step) {
-    config.step = step;
-    cpu::adam_step({count, adam.params.data(), adam.grads.data(), cpu::DType::f32,
-                    adam.exp_avg.data(), adam.exp_avg_sq.data()},
-                   config, {cpu::Isa::automatic, all_cores()});
-  });
+  const double params_per_s = spillway_adam_params_per_s(state, &spillway::optim::torch_sqrt);
   state.counters[metric_counter("cpu_adam_torch_sqrt_params_per_s", "params/s")] = params_per_s;
 }
 BENCHMARK(BM_SpillwayAdamTorchSqrt)->Iterations(10)->UseRealTime()->Unit(benchmark::kMillisecond);
