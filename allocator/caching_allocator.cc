@@ -77,9 +77,10 @@
 // a handler, nor its describe_holdings, while holding its mutex: that
 // would deadlock or invert lock order.
 //
-// Note [Trace order]
+// Note [Recording under the allocator's lock]
 // Trace events are recorded under the mutex, so the trace's order is the
-// allocator's order: a free of an address always precedes its reuse.
+// allocator's order: a free of an address always precedes its reuse (Note
+// [Trace order] in trace_recorder.h).
 //
 // Note [A short hot path]
 // A cached alloc+free pair must stay under 100 ns (bench_allocator measures

@@ -1,7 +1,7 @@
 // PlannedPolicy: Belady eviction from the traced access sequence (design
 // section 5, `policy:planned`).
 //
-// Note [Planned eviction follows the traced step]:
+// Note [Planned eviction follows the traced step]
 //  - Tracing: during the first `warmup_steps` steps (a step ends at
 //    on_step_end, i.e. spillway::step() or a Python optimizer's step) every
 //    chunk access is recorded; meanwhile evictions are LRU's.
@@ -17,21 +17,22 @@
 //  - Bounded memory: a step longer than kMaxTracedAccesses accesses is not
 //    planned (it stays LRU's); the recording stops growing there.
 //
-// Note [Planned prefetch]: while following, the policy names the first chunk
-// of the coming accesses (looking up to kPrefetchLookahead accesses ahead,
-// into the next step) that is not on the device and is next used there
-// (not by acquire_host), and the chunk manager
-// starts fetching it at once, as early as the plan allows, so that its copy
-// overlaps the work before its use instead of stalling the access. Room for
-// it comes from free budget, or from the chunk that Belady would evict at
-// the incoming chunk's use (the resident chunk whose next use from there is
-// farthest), if nothing uses that chunk before then: its eviction moves
-// earlier, and the prefetch moves the same fetch earlier, so a step moves
-// the same bytes as fetching on use (the planner's "the victim leaves right
-// after its last use; the fetch starts then", tracer/planner/planner.h).
-// Otherwise nothing is prefetched yet (the copy streams are FIFOs, so a
-// later chunk does not jump the queue either); the manager asks again after
-// the next acquire and release, and at a step's end for the next step.
+// Note [Planned prefetch]
+// While following, the policy names the first chunk of the coming accesses
+// (looking up to kPrefetchLookahead accesses ahead, into the next step) that
+// is not on the device and is next used there (not by acquire_host), and the
+// chunk manager starts fetching it at once, as early as the plan allows, so
+// that its copy overlaps the work before its use instead of stalling the
+// access. Room for it comes from free budget, or from the chunk that Belady
+// would evict at the incoming chunk's use (the resident chunk whose next use
+// from there is farthest), if nothing uses that chunk before then: its
+// eviction moves earlier, and the prefetch moves the same fetch earlier, so a
+// step moves the same bytes as fetching on use (the planner's "the victim
+// leaves right after its last use; the fetch starts then",
+// tracer/planner/planner.h). Otherwise nothing is prefetched yet (the copy
+// streams are FIFOs, so a later chunk does not jump the queue either); the
+// manager asks again after the next acquire and release, and at a step's end
+// for the next step.
 #pragma once
 
 #include <cstddef>

@@ -4,11 +4,12 @@
 // Status to NULL plus a per-thread message. Nothing may unwind into the
 // caller (PyTorch, ctypes), so each body catches everything.
 //
-// Note [Pinning the library]: the process runtime is never destroyed (Note
-// [The process runtime lives forever] in runtime.h), and the simulated
-// device runs worker threads in this library's code. If a dlopen user
-// dlclose()d the library, that code would be unmapped under them. So the first
-// activation marks the library RTLD_NODELETE: dlclose becomes a no-op.
+// Note [Pinning the library]
+// The process runtime is never destroyed (Note [The process runtime lives
+// forever] in runtime.h), and the simulated device runs worker threads in this
+// library's code. If a dlopen user dlclose()d the library, that code would be
+// unmapped under them. So the first activation marks the library
+// RTLD_NODELETE: dlclose becomes a no-op.
 #include "allocator/spillway.h"
 
 #include <dlfcn.h>

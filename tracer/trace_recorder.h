@@ -14,12 +14,13 @@
 //    counted as dropped, so a sink that outlives its file stays harmless (the
 //    process-wide runtime closes it at exit while the allocator lives on).
 //
-// Note [Trace order]: the file holds events in the order record() was called,
-// across all threads. Replay depends on it (a free must follow its alloc, and
-// an address reused by another thread must be freed before it is handed out
-// again), so batches are global, not per thread. Callers record an event while
-// the state it describes is still theirs (the allocator records under its
-// lock) for the order of calls to be the order of effects.
+// Note [Trace order]
+// The file holds events in the order record() was called, across all
+// threads. Replay depends on it (a free must follow its alloc, and an address
+// reused by another thread must be freed before it is handed out again), so
+// batches are global, not per thread. Callers record an event while the state
+// it describes is still theirs (Note [Recording under the allocator's lock])
+// for the order of calls to be the order of effects.
 #pragma once
 
 #include <condition_variable>

@@ -16,11 +16,12 @@
 // ever moves, so what remains is the per-op work: the RecordFunction
 // callback, the binding lookups and the chunk-manager acquire/release.
 //
-// Note [Plain steps in a process with the hooks]: the bridge's callback stays
-// installed once the first manage() put it there, so a plain step runs under
-// at::RecordFunctionGuard(false), which makes every RecordFunction in it (and
-// in the autograd work it starts, which inherits the thread-local state) take
-// the same early exit as in a process without any callback.
+// Note [Plain steps in a process with the hooks]
+// The bridge's callback stays installed once the first manage() put it there,
+// so a plain step runs under at::RecordFunctionGuard(false), which makes every
+// RecordFunction in it (and in the autograd work it starts, which inherits the
+// thread-local state) take the same early exit as in a process without any
+// callback.
 //
 //   bench_hook_overhead [--rounds N] [--steps-per-round N] [--warmup N]
 //                       [--batch N] [--seq N] [--layers N] [--d-model N]

@@ -1,6 +1,6 @@
 // CPU optimizer kernels: fused elementwise Adam / AdamW / SGD updates over flat
 // arrays, the per-chunk building blocks of spillway's optim::Adam, AdamW, SGD
-// for host-resident chunks (design section 6, issue 5 item 6).
+// for host-resident chunks (design section 6).
 //
 // Design summary
 // - One call updates one flat range: parameters (fp32, or an fp32 master copy

@@ -1,14 +1,16 @@
 // bridge.h: the torch bridge's shared state, private to hooks/torch.
 //
-// Note [Bindings are keyed by StorageImpl]: a managed tensor is known by its
-// c10::StorageImpl*, which every view and every autograd saved variable
-// shares and which does not change when the bridge rebinds the data pointer.
-// The op hook looks each tensor input up by it: one hash lookup per input.
+// Note [Bindings are keyed by StorageImpl]
+// A managed tensor is known by its c10::StorageImpl*, which every view and
+// every autograd saved variable shares and which does not change when the
+// bridge rebinds the data pointer. The op hook looks each tensor input up by
+// it: one hash lookup per input.
 //
-// Note [Lock order]: the binding table's lock is never held while calling the
-// chunk manager. The chunk manager calls the table's observer with its own
-// lock held, and the observer takes the table's lock (shared): so holding the
-// table lock across a chunk-manager call could deadlock.
+// Note [Lock order]
+// The binding table's lock is never held while calling the chunk manager. The
+// chunk manager calls the table's observer with its own lock held, and the
+// observer takes the table's lock (shared): so holding the table lock across a
+// chunk-manager call could deadlock.
 #pragma once
 
 #include <atomic>

@@ -3,24 +3,27 @@
 // chunks, running each update where the parameter's chunk is, the gradient
 // summary, and save / load.
 //
-// Note [Register a parameter's state before writing any]: a chunk is sealed
-// once accessed (Note [Register first, then write] in manage.cc), so
-// place_all registers every new tensor first and only then initialises the
-// master copies; otherwise each master copy would open a chunk of its own.
+// Note [Register a parameter's state before writing any]
+// A chunk is sealed once accessed (Note [Register first, then write] in
+// manage.cc), so place_all registers every new tensor first and only then
+// initialises the master copies; otherwise each master copy would open a chunk
+// of its own.
 //
-// Note [Where an update runs]: the parameter's chunk decides. On the device
-// the update needs the param, grad, master and state chunks there at once;
-// when their capacities exceed the chunk budget, or an acquire fails for
-// want of room (chunks in use elsewhere), it runs on the host instead, which
-// moves the param and grad chunks back rather than failing the step. On the
-// sim device "device memory" is host memory, so the CPU kernel runs on it
-// directly (WaitMode::host); on a GPU a CUDA kernel is queued on the stream
-// the chunks are acquired and released on (WaitMode::stream).
+// Note [Where an update runs]
+// The parameter's chunk decides. On the device the update needs the param,
+// grad, master and state chunks there at once; when their capacities exceed
+// the chunk budget, or an acquire fails for want of room (chunks in use
+// elsewhere), it runs on the host instead, which moves the param and grad
+// chunks back rather than failing the step. On the sim device "device memory"
+// is host memory, so the CPU kernel runs on it directly (WaitMode::host); on a
+// GPU a CUDA kernel is queued on the stream the chunks are acquired and
+// released on (WaitMode::stream).
 //
-// Note [Gradients outside their chunks]: after a set-to-none zero_grad
-// autograd's fresh gradient is copied into the grad chunk first
-// (rebind_grad_if_replaced). A gradient the chunk cannot hold (another
-// dtype or shape, sparse) is an error: the kernels read only chunk memory.
+// Note [Gradients outside their chunks]
+// After a set-to-none zero_grad autograd's fresh gradient is copied into the
+// grad chunk first (rebind_grad_if_replaced). A gradient the chunk cannot hold
+// (another dtype or shape, sparse) is an error: the kernels read only chunk
+// memory.
 #include <algorithm>
 #include <cmath>
 #include <cstring>

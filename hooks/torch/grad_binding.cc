@@ -1,18 +1,20 @@
 // Gradient binding: param.grad is a tensor in a grad chunk, so autograd
 // accumulates into chunk memory in place.
 //
-// Note [Why a bound gradient accumulates in place]: torch's AccumulateGrad,
-// when param.grad is defined and grad mode is off (a plain backward), runs
-// `variable_grad += new_grad`, an in-place add_ whose op hook acquires the
-// grad chunk for writing. Only an undefined param.grad makes autograd create
-// a tensor of its own (stealing or cloning the incoming gradient).
+// Note [Why a bound gradient accumulates in place]
+// torch's AccumulateGrad, when param.grad is defined and grad mode is off (a
+// plain backward), runs `variable_grad += new_grad`, an in-place add_ whose op
+// hook acquires the grad chunk for writing. Only an undefined param.grad makes
+// autograd create a tensor of its own (stealing or cloning the incoming
+// gradient).
 //
-// Note [Set-to-none zero_grad]: setting param.grad to none undoes the
-// binding; the next backward then gives param.grad a fresh tensor. The bridge
-// notices at the next opportunity (the op hook, when an op uses the
-// parameter, e.g. the optimizer's update; or spillway::step()) and copies the
-// fresh gradient into the grad chunk, binding the chunk tensor again. Values
-// are the same, so results are too; the cost is one copy per step.
+// Note [Set-to-none zero_grad]
+// Setting param.grad to none undoes the binding; the next backward then gives
+// param.grad a fresh tensor. The bridge notices at the next opportunity (the
+// op hook, when an op uses the parameter, e.g. the optimizer's update; or
+// spillway::step()) and copies the fresh gradient into the grad chunk, binding
+// the chunk tensor again. Values are the same, so results are too; the cost is
+// one copy per step.
 #include <stdexcept>
 #include <string>
 

@@ -1,11 +1,12 @@
 // manage / unmanage: moving parameters into chunks and back, and the rest of
 // the public API (configure, memory_stats_json, step).
 //
-// Note [Taking a parameter's bytes]: manage swaps the storage's own DataPtr
-// out (set_data_ptr returns it), so the original bytes stay alive, owned by
-// the bridge, until they are copied into the chunk; then they are freed.
-// From then on the storage holds a DataPtr without a deleter into chunk
-// memory, updated by the observer (binding_table.cc) on every move.
+// Note [Taking a parameter's bytes]
+// Manage swaps the storage's own DataPtr out (set_data_ptr returns it), so the
+// original bytes stay alive, owned by the bridge, until they are copied into
+// the chunk; then they are freed. From then on the storage holds a DataPtr
+// without a deleter into chunk memory, updated by the observer
+// (binding_table.cc) on every move.
 #include <stdexcept>
 #include <string>
 #include <unordered_set>
@@ -63,9 +64,9 @@ void manage_params(const std::vector<std::pair<std::string, torch::Tensor>>& nam
   const ClientId client = chunks.add_client(client_name);
   torch_bridge::name_client(client, client_name);
 
-  // Note [Register first, then write]: a chunk is sealed once accessed, so
-  // every tensor is registered before any is written; otherwise each
-  // parameter would open a chunk of its own.
+  // Note [Register first, then write]
+  // A chunk is sealed once accessed, so every tensor is registered before any
+  // is written; otherwise each parameter would open a chunk of its own.
   std::unordered_set<const c10::StorageImpl*> seen;  // tied weights share a storage
   std::vector<std::pair<std::string, std::shared_ptr<ManagedParam>>> placed;
   for (const auto& [name, param] : named) {

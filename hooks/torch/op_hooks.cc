@@ -22,7 +22,7 @@
 //    (autograd nodes, user scopes) acquire for reading: the ops inside them
 //    are hooked on their own. The answer is cached per schema, keyed by the
 //    schema's name pointer, which lives as long as the operator.
-//  - Note [Gradients replaced by autograd] (grad_binding.cc): when an op uses
+//  - Note [Set-to-none zero_grad] (grad_binding.cc): when an op uses
 //    a managed parameter whose param.grad autograd replaced, the fresh
 //    gradient is copied into its grad chunk first.
 //  - Note [Traced ops]: when the `trace` option is set (Runtime::op_tracer()

@@ -1,5 +1,5 @@
 // optim.h: spillway's chunked optimizers, Adam, AdamW and SGD (design
-// section 6, issue 5 item 6), built the PyTorch way: from parameters or
+// section 6), built the PyTorch way: from parameters or
 // parameter groups and torch's own option types, never from a model.
 //
 // Design summary:

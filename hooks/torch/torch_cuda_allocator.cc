@@ -8,12 +8,13 @@
 // (SPILLWAY_HAVE_TORCH_CUDA, cmake/FindTorchThroughPython.cmake); elsewhere
 // the function says why it cannot install.
 //
-// Note [Failing a CUDA allocation]: torch's CUDAPluggableAllocator does not
-// check the pointer its malloc function returns, so a NULL would become a
-// tensor over address 0. The function throws torch's out-of-memory error
-// instead (c10::OutOfMemoryError, Python's torch.OutOfMemoryError), which
-// propagates to the op that allocated. A request of 0 bytes gets no memory
-// and no error, as with torch's own allocator.
+// Note [Failing a CUDA allocation]
+// torch's CUDAPluggableAllocator does not check the pointer its malloc
+// function returns, so a NULL would become a tensor over address 0. The
+// function throws torch's out-of-memory error instead (c10::OutOfMemoryError,
+// Python's torch.OutOfMemoryError), which propagates to the op that allocated.
+// A request of 0 bytes gets no memory and no error, as with torch's own
+// allocator.
 #include <stdexcept>
 #include <string>
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A Python training script on CUDA under SPILLWAY_CONF (issue 7, gpu_check).
+"""A Python training script on CUDA under SPILLWAY_CONF (a gpu_check.sh step).
 
 Installs the package into this interpreter's environment the way users
 install it (pip install . without build isolation, built in BUILD), then runs
@@ -13,7 +13,7 @@ four times, each in a fresh interpreter:
              its trace goes to spillway-report, and CUPTI's kernels are
              joined with the traced ops (memory_stats()["op_timing"])
   spilling_lru   as spilling, under policy:lru: its stall time and bytes beside
-             the planned policy's (issue 6)
+             the planned policy's
   spillway_adam  as spilling, with spillway.optim.Adam (state in chunks)
 Losses and final parameters must be identical in all but the last, which
 prints its losses beside them. CUPTI that cannot record here (another

@@ -65,8 +65,11 @@ struct ClientActivity {
   std::vector<ResidencySample> residency;  // starts at 0 at the trace's first event
 };
 
-// One host wait for chunk moves. Note [Stall time]: a stall event is recorded
-// when the wait ends, so the wait covers [time_ns - duration_ns, time_ns].
+// One host wait for chunk moves.
+//
+// Note [Stall time]
+// A stall event is recorded when the wait ends, so the wait covers
+// [time_ns - duration_ns, time_ns].
 struct Stall {
   std::uint64_t time_ns = 0;  // when the wait ended
   std::uint64_t duration_ns = 0;

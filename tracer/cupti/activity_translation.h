@@ -11,10 +11,11 @@
 //    hand, without a GPU. The live source (cupti_source.h) walks a buffer
 //    with cuptiActivityGetNextRecord and hands each record here.
 //
-// Note [Record versions]: CUPTI versions its record structs (CUpti_ActivityKernel9,
-// 10, ...) and writes the one of the CUPTI release in use. The fields read here
-// (times, ids, bytes, copy kind) sit at the same offsets in every version
-// since CUDA 12.0; activity_translation.cc checks that at compile time.
+// Note [Record versions]
+// CUPTI versions its record structs (CUpti_ActivityKernel9, 10, ...) and
+// writes the one of the CUPTI release in use. The fields read here (times,
+// ids, bytes, copy kind) sit at the same offsets in every version since CUDA
+// 12.0; activity_translation.cc checks that at compile time.
 #pragma once
 
 #include <cupti_activity.h>

@@ -25,14 +25,15 @@
 // allocator/log.h: the live source is the one part of tracer/ that talks to
 // the user; the translation and the timeline stay standard-library only.
 //
-// Note [Op ids]: the id pushed is the op hooks' op sequence number, the same
-// number the op's trace events carry, so timeline entries and trace events
-// join on it. CUPTI keeps a stack per thread and kind: push and pop must pair
-// on one thread.
+// Note [Op ids]
+// The id pushed is the op hooks' op sequence number, the same number the op's
+// trace events carry, so timeline entries and trace events join on it. CUPTI
+// keeps a stack per thread and kind: push and pop must pair on one thread.
 //
-// Note [One warning]: a process may start a source many times (each
-// activation, each engine); the fallback is the same every time, so it is
-// said once. Later fallbacks return the same status without a log line.
+// Note [One warning]
+// A process may start a source many times (each activation, each engine); the
+// fallback is the same every time, so it is said once. Later fallbacks return
+// the same status without a log line.
 #pragma once
 
 #include <atomic>

@@ -48,10 +48,11 @@ struct ExternalCorrelation {
   friend bool operator==(const ExternalCorrelation&, const ExternalCorrelation&) = default;
 };
 
-// Note [Two correlation ids]: a memcpy record carries the correlation id of
-// the driver API call that issued it and, separately, that of the runtime API
-// call (cudaMemcpyAsync) above it. The external correlation records come for
-// whichever API records CUPTI creates, so the timeline tries the first, then
-// the second. A kernel record has one id, that of the call that launched it.
+// Note [Two correlation ids]
+// A memcpy record carries the correlation id of the driver API call that
+// issued it and, separately, that of the runtime API call (cudaMemcpyAsync)
+// above it. The external correlation records come for whichever API records
+// CUPTI creates, so the timeline tries the first, then the second. A kernel
+// record has one id, that of the call that launched it.
 
 }  // namespace spillway

@@ -14,11 +14,12 @@
 //  - One mutex: CUPTI's worker thread calls add() while the op hooks or the
 //    planner read. Standard library only; no CUPTI or device types.
 //
-// Note [Arrival order]: CUPTI writes the external correlation record when the
-// launching API call returns and the kernel record when the kernel completes,
-// into whatever buffer is current on each side, and buffers complete out of
-// order. So either may come first, in the same buffer or another one; the
-// join must not depend on which.
+// Note [Arrival order]
+// CUPTI writes the external correlation record when the launching API call
+// returns and the kernel record when the kernel completes, into whatever
+// buffer is current on each side, and buffers complete out of order. So either
+// may come first, in the same buffer or another one; the join must not depend
+// on which.
 //
 // The timeline grows with the activities it has seen: it is meant for the
 // traced (warmup) steps; clear() drops everything once they are read.
