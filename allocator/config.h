@@ -14,11 +14,12 @@
 #include <string_view>
 #include <vector>
 
+#include "tracer/cupti/cupti_mode.h"
+
 namespace spillway {
 
 enum class DeviceChoice { auto_select, cuda, sim };
 enum class EvictionPolicyKind { planned, lru, static_residency };
-enum class CuptiMode { auto_select, on, off };
 enum class LogLevel { error = 0, warn = 1, info = 2, debug = 3 };
 
 // A byte count given either absolutely or as a fraction of some total

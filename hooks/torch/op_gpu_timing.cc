@@ -1,8 +1,10 @@
 // OpGpuTiming: see op_gpu_timing.h.
 #include "hooks/torch/op_gpu_timing.h"
 
+#include <atomic>
 #include <stdexcept>
 
+#include "allocator/log.h"
 #include "allocator/runtime.h"
 #include "tracer/cupti/op_gpu_timeline.h"
 #if SPILLWAY_HAVE_CUPTI
@@ -10,6 +12,21 @@
 #endif
 
 namespace spillway::torch_bridge {
+
+// Note [One warning]
+// A process may start op timing many times (each activation, each engine);
+// the CUPTI fallback is the same every time, so it is said once. Later
+// fallbacks keep the same reason in the stats without a log line.
+namespace {
+std::atomic<bool> cupti_fallback_warned{false};
+}  // namespace
+
+namespace detail {
+void warn_cupti_fallback_once(const std::string& message) {
+  if (!cupti_fallback_warned.exchange(true)) SPILLWAY_LOG(warn, "{}", message);
+}
+void forget_cupti_fallback_warning() { cupti_fallback_warned.store(false); }
+}  // namespace detail
 
 struct OpGpuTiming::Cupti {
   OpGpuTimeline timeline;
@@ -54,7 +71,8 @@ void OpGpuTiming::start(const Runtime& runtime) {
     source_ = "cupti";
     reason_.clear();
   } else {
-    reason_ = started.message;  // the source has warned, once
+    reason_ = started.message;
+    detail::warn_cupti_fallback_once(started.message);
     cupti_.reset();
   }
 #else

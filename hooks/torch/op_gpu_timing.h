@@ -11,7 +11,7 @@
 //    records. That is the case on the sim device (CUPTI sees CUDA work only;
 //    said in the stats, no warning), without a trace (no ops are numbered),
 //    in a build without CUPTI, and with `cupti:auto` where CUPTI cannot be
-//    used (one warning, from the source). `cupti:on` where CUPTI cannot be
+//    used (one warning, Note [One warning] in op_gpu_timing.cc). `cupti:on` where CUPTI cannot be
 //    used makes activation fail with the reason.
 //  - memory_stats_json()'s "op_timing" says which, and what was joined:
 //    {source, reason, ops, kernels, memcpys, uncorrelated}.
@@ -58,5 +58,14 @@ class OpGpuTiming {
   std::string source_ = "wall_clock";
   std::string reason_ = "not active";
 };
+
+namespace detail {
+// Logs a CUPTI fallback (CuptiOutcome::wall_clock's message) as a warning,
+// the first time in the process only (Note [One warning] in
+// op_gpu_timing.cc).
+void warn_cupti_fallback_once(const std::string& message);
+// Lets a test see the once-per-process warning again. Tests only.
+void forget_cupti_fallback_warning();
+}  // namespace detail
 
 }  // namespace spillway::torch_bridge

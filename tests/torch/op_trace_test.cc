@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "hooks/torch/op_gpu_timing.h"
 #include "hooks/torch/spillway_torch.h"
 #include "tracer/trace_file.h"
 
@@ -116,6 +117,25 @@ TEST(TorchOpTrace, ManagedModelOpsArePairedAndNamed) {
   EXPECT_NE(stats["op_timing"]["reason"].get<std::string>().find("sim device"), std::string::npos)
       << stats["op_timing"].dump();
   EXPECT_EQ(stats["op_timing"]["kernels"], 0);
+}
+
+// Note [One warning]: the hooks log CUPTI's fallback once per process,
+// however often op timing starts and falls back.
+TEST(TorchOpTiming, CuptiFallbackIsWarnedOncePerProcess) {
+  spillway::torch_bridge::detail::forget_cupti_fallback_warning();
+  ::testing::internal::CaptureStderr();
+  spillway::torch_bridge::detail::warn_cupti_fallback_once("CUPTI cannot be used (first)");
+  spillway::torch_bridge::detail::warn_cupti_fallback_once("CUPTI cannot be used (second)");
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  std::size_t warnings = 0;
+  for (std::size_t at = log.find("spillway[warn]"); at != std::string::npos;
+       at = log.find("spillway[warn]", at + 1)) {
+    ++warnings;
+  }
+  EXPECT_EQ(warnings, 1u) << log;
+  EXPECT_NE(log.find("CUPTI cannot be used (first)"), std::string::npos) << log;
+  EXPECT_EQ(log.find("(second)"), std::string::npos) << log;
+  spillway::torch_bridge::detail::forget_cupti_fallback_warning();
 }
 
 }  // namespace

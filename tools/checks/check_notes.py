@@ -5,7 +5,10 @@ A Note is defined where its text starts: a comment line holding only the
 heading (`// Note [Name]`, `# Note [Name]`) followed by more comment, an item
 of a design summary (`//  - Note [Name]: ...`), or a docstring paragraph that
 opens with it (`Note [Name]: ...`). Every other mention cites it, including
-`// Note [Name]: why this line` next to the code it explains. Exits 1 and lists the names cited but never
+`// Note [Name]: why this line` next to the code it explains. Not counted:
+a Note as inline code in Markdown (an example of the form), and the files of
+the checks themselves (tools/checks/, tests/checks/), which are made of
+examples. Exits 1 and lists the names cited but never
 defined, and those defined more than once.
 
     python3 tools/checks/check_notes.py [REPO]
@@ -17,6 +20,8 @@ import subprocess
 import sys
 
 NOTE = re.compile(r"Note \[([^\]]+)\]")
+MARKDOWN_EXAMPLE = re.compile(r"`(?://\s*)?Note \[[^\]]+\]`")
+EXAMPLES = ("tools/checks/", "tests/checks/")
 HEADING = re.compile(r"^\s*(?://|#)\s*Note \[([^\]]+)\]\s*$")
 INLINE_DEFINITION = re.compile(r"^(?:\s*(?://|#)\s*- |)Note \[([^\]]+)\]:")
 COMMENT_TEXT = re.compile(r"^\s*(?://|#)\s*\S")
@@ -49,10 +54,14 @@ def main():
     for path in tracked_files(repo):
         if path.suffix in {".png", ".gz", ".bin"} or not path.is_file():
             continue
+        if str(path.relative_to(repo)).startswith(EXAMPLES):
+            continue
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
             continue
+        if path.suffix == ".md":
+            text = MARKDOWN_EXAMPLE.sub("", text)
         lines = text.splitlines()
         for index, line in enumerate(lines):
             where = f"{path.relative_to(repo)}:{index + 1}"

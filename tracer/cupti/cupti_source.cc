@@ -7,8 +7,6 @@
 #include <cstdlib>
 #include <mutex>
 
-#include "allocator/log.h"
-
 namespace spillway {
 namespace {
 
@@ -30,13 +28,7 @@ constexpr std::size_t kBufferBytes = 4 << 20;
 std::mutex recording_source_mutex;
 CuptiSource* recording_source = nullptr;
 
-std::atomic<bool> fallback_warned{false};
-
 }  // namespace
-
-namespace detail {
-void forget_cupti_fallback_warning() { fallback_warned.store(false); }
-}  // namespace detail
 
 CuptiSource::CuptiSource(OpGpuTimeline& timeline, const CuptiCalls& calls)
     : timeline_(timeline), calls_(calls) {}
@@ -53,13 +45,10 @@ CuptiStartResult CuptiSource::start(CuptiMode mode) {
   if (mode == CuptiMode::on) {
     return {CuptiOutcome::failed, fmt::format("cupti:on, but CUPTI cannot be used: {}", why)};
   }
-  std::string message = fmt::format(
-      "CUPTI cannot be used ({}); op timing falls back to the wall clock (cupti:off says "
-      "so without this warning)",
-      why);
-  // Note [One warning].
-  if (!fallback_warned.exchange(true)) SPILLWAY_LOG(warn, "{}", message);
-  return {CuptiOutcome::wall_clock, std::move(message)};
+  return {CuptiOutcome::wall_clock,
+          fmt::format("CUPTI cannot be used ({}); op timing falls back to the wall clock "
+                      "(cupti:off says so without this warning)",
+                      why)};
 }
 
 std::string CuptiSource::try_start() {

@@ -14,35 +14,30 @@
 //    (activity_translation.h) and added to the timeline there, so readers of
 //    the timeline see it grow. flush() hands back what is complete now.
 //  - When CUPTI cannot be used, `cupti:auto` falls back to wall-clock op
-//    timing with one warning per process (Note [One warning]); `cupti:on`
-//    fails with the reason; `cupti:off` never touches CUPTI.
+//    timing and says why in the result (the hooks warn, once per process:
+//    Note [One warning] in hooks/torch/op_gpu_timing.cc); `cupti:on` fails
+//    with the reason; `cupti:off` never touches CUPTI.
 //
 // At most one source records in a process: the buffer callbacks carry no
 // user data, so they reach the recording source through one process-wide
 // pointer (and CUPTI admits one subscriber anyway).
 //
-// This file reads the `cupti` option (allocator/config.h) and logs through
-// allocator/log.h: the live source is the one part of tracer/ that talks to
-// the user; the translation and the timeline stay standard-library only.
+// The source says what happened in its results and logs nothing: telling
+// the user is the hooks' part, so tracer/ depends on nothing above it.
 //
 // Note [Op ids]
 // The id pushed is the op hooks' op sequence number, the same number the op's
 // trace events carry, so timeline entries and trace events join on it. CUPTI
 // keeps a stack per thread and kind: push and pop must pair on one thread.
-//
-// Note [One warning]
-// A process may start a source many times (each activation, each engine); the
-// fallback is the same every time, so it is said once. Later fallbacks return
-// the same status without a log line.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <string>
 
-#include "allocator/config.h"
 #include "tracer/cupti/activity_translation.h"
 #include "tracer/cupti/cupti_calls.h"
+#include "tracer/cupti/cupti_mode.h"
 #include "tracer/cupti/op_gpu_timeline.h"
 
 namespace spillway {
@@ -108,10 +103,5 @@ class CuptiSource {
   std::atomic<bool> recording_{false};
   std::atomic<std::uint64_t> ignored_records_{0};
 };
-
-namespace detail {
-// Lets a test see the once-per-process warning again. Tests only.
-void forget_cupti_fallback_warning();
-}  // namespace detail
 
 }  // namespace spillway
