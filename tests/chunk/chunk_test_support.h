@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -21,6 +22,8 @@
 #include "allocator/caching_allocator.h"
 #include "allocator/chunk_manager.h"
 #include "allocator/device/sim_device.h"
+#include "allocator/lru_policy.h"
+#include "allocator/planned_policy.h"
 
 namespace spillway::testing {
 
@@ -40,11 +43,24 @@ struct ChunkRigOptions {
   std::size_t sim_capacity = 1024 * MiB;
   // Where the allocator's and the chunk manager's events go; none when null.
   TraceSink* trace = nullptr;
-  // The eviction policy; LRU when empty.
+  // The eviction policy; when empty, the one SPILLWAY_TEST_POLICY names
+  // (policy_under_test()).
   std::function<std::unique_ptr<EvictionPolicy>()> make_policy;
   // ChunkManagerOptions::planned_prefetch.
   bool planned_prefetch = true;
 };
+
+// The policy every suite runs under, as RMM runs one suite over every memory
+// resource: SPILLWAY_TEST_POLICY=lru (or unset) or planned (one warmup step).
+// ctest runs the chunk suites once per policy (tests/chunk/CMakeLists.txt).
+inline std::unique_ptr<EvictionPolicy> policy_under_test() {
+  const char* name = std::getenv("SPILLWAY_TEST_POLICY");
+  const std::string policy = name == nullptr ? "lru" : name;
+  if (policy == "lru") return std::make_unique<LruPolicy>();
+  if (policy == "planned") return std::make_unique<PlannedPolicy>(1);
+  ADD_FAILURE() << "SPILLWAY_TEST_POLICY=" << policy << ": expected lru or planned";
+  return std::make_unique<LruPolicy>();
+}
 
 // Device, allocator and chunk manager, built in that order, destroyed in reverse.
 struct ChunkRig {
@@ -64,9 +80,9 @@ struct ChunkRig {
     manager_options.host_budget_bytes = options.host_budget;
     manager_options.strict_residency = options.strict_residency;
     manager_options.planned_prefetch = options.planned_prefetch;
-    chunks = std::make_unique<ChunkManager>(*device, *allocator, manager_options,
-                                            options.make_policy ? options.make_policy() : nullptr,
-                                            options.trace);
+    chunks = std::make_unique<ChunkManager>(
+        *device, *allocator, manager_options,
+        options.make_policy ? options.make_policy() : policy_under_test(), options.trace);
   }
   ~ChunkRig() {
     chunks.reset();

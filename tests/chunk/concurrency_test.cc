@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -174,6 +176,123 @@ TEST(ChunkConcurrency, ConcurrentAcquiresFromSeveralThreads) {
 
 TEST(ChunkConcurrency, StressWithAllocatorPressureFromAnotherThread) {
   run_stress({.threads = 4, .iterations = 300, .activations = true});
+}
+
+// The same step again and again, its accesses made in a fixed order by
+// several threads taking turns, each on its own stream (its kernels still
+// queued when the next thread acquires), while another thread allocates from
+// the allocator; the thread of a step's last access ends the step. Under
+// policy:planned the steps after the traced one follow the plan, and its
+// prefetches start from inside acquires and releases on every thread.
+TEST(ChunkConcurrency, RepeatedStepsTakenInTurnsFromSeveralThreads) {
+  constexpr int kThreads = 3;
+  constexpr int kTensorsPerThread = 2;
+  constexpr int kAccessesPerStep = kThreads * kTensorsPerThread;
+  constexpr int kSteps = 8;
+  ChunkRigOptions options;
+  options.allocator_budget = 32 * MiB;
+  options.chunk_budget = 4 * options.chunk_size;  // six one-tensor chunks cycle through four
+  options.copy_latency_ns = 5'000;
+  ChunkRig rig(options);
+  ChunkManager& chunks = *rig.chunks;
+  KernelQueue kernels(*rig.device);
+  const ClientId client = chunks.add_client("model");
+
+  // The j-th access of a step is thread j % kThreads's tensor j / kThreads.
+  auto tensor_of_access = [](int j) { return (j % kThreads) * kTensorsPerThread + j / kThreads; };
+  struct Tensor {
+    TensorId id;
+    std::vector<std::uint8_t> bytes;  // what it holds; only its thread writes it
+  };
+  std::vector<Tensor> tensors(kAccessesPerStep);
+  for (int i = 0; i < kAccessesPerStep; ++i) {
+    const std::size_t bytes = 1536 * KiB + static_cast<std::size_t>(i);  // a chunk each
+    tensors[i] = {register_ok(chunks, client, bytes, "t" + std::to_string(i)),
+                  random_bytes(bytes, 500 + i)};
+  }
+  for (int j = 0; j < kAccessesPerStep; ++j) {  // step 1, in the steps' order
+    const Tensor& tensor = tensors[tensor_of_access(j)];
+    write_on_device(chunks, tensor.id, tensor.bytes);
+  }
+  chunks.end_step();
+
+  std::mutex turn_mutex;
+  std::condition_variable turn_changed;
+  int turn = 0;  // accesses made so far, over all steps
+  std::atomic<int> errors{0};
+  auto worker = [&](int thread) {
+    Stream stream;
+    ASSERT_EQ(rig.device->create_stream(&stream), Status::ok);
+    std::mt19937_64 random(thread);
+    for (int step = 0; step < kSteps; ++step) {
+      for (int j = thread; j < kAccessesPerStep; j += kThreads) {
+        const int my_turn = step * kAccessesPerStep + j;
+        std::unique_lock lock(turn_mutex);
+        turn_changed.wait(lock, [&] { return turn == my_turn; });
+        Tensor& tensor = tensors[tensor_of_access(j)];
+        void* ptr = nullptr;
+        if (chunks.acquire(tensor.id, stream, &ptr, AccessMode::read_write, WaitMode::stream) ==
+            Status::ok) {
+          kernels.check(stream, ptr, tensor.bytes, "t" + std::to_string(tensor_of_access(j)));
+          tensor.bytes = random_bytes(tensor.bytes.size(), random());
+          kernels.write(stream, ptr, tensor.bytes);
+          if (chunks.release(tensor.id, stream) != Status::ok) errors.fetch_add(1);
+        } else {
+          ADD_FAILURE() << ChunkManager::last_error();
+          errors.fetch_add(1);
+        }
+        if (j == kAccessesPerStep - 1) chunks.end_step();
+        ++turn;
+        turn_changed.notify_all();
+      }
+    }
+    rig.device->synchronize_stream(stream);
+    rig.device->destroy_stream(stream);
+  };
+
+  std::atomic<bool> done{false};
+  std::thread activations([&] {
+    Stream stream;
+    ASSERT_EQ(rig.device->create_stream(&stream), Status::ok);
+    std::mt19937_64 random(91);
+    std::vector<void*> live;
+    while (!done.load()) {
+      void* ptr = nullptr;
+      const Status status = rig.allocator->allocate(&ptr, (1 + random() % 4) * MiB, stream);
+      if (status == Status::ok) {
+        live.push_back(ptr);
+      } else if (status != Status::out_of_memory) {
+        ADD_FAILURE() << to_string(status) << ": " << CachingAllocator::last_error();
+        errors.fetch_add(1);
+      }
+      if (live.size() > 3 || (status != Status::ok && !live.empty())) {
+        rig.allocator->deallocate(live.front());
+        live.erase(live.begin());
+      }
+    }
+    for (void* ptr : live) rig.allocator->deallocate(ptr);
+    rig.device->synchronize_stream(stream);
+    rig.device->destroy_stream(stream);
+  });
+  std::vector<std::thread> workers;
+  for (int t = 0; t < kThreads; ++t) workers.emplace_back(worker, t);
+  for (std::thread& thread : workers) thread.join();
+  done.store(true);
+  activations.join();
+  rig.device->synchronize();
+
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(kernels.mismatches(), 0) << ::testing::PrintToString(kernels.mismatch_names());
+  for (const Tensor& tensor : tensors) {
+    EXPECT_EQ(read_on_host(chunks, tensor.id, tensor.bytes.size()), tensor.bytes);
+  }
+  EXPECT_EQ(chunks.steps_ended(), static_cast<std::uint64_t>(kSteps + 1));
+  if (chunks.policy_name() == "planned") {
+    const PolicyState state = chunks.policy_state();
+    EXPECT_GE(state.planned_steps, 1)
+        << "phase " << state.phase << ", divergences " << state.divergences;
+    EXPECT_GT(chunks.stats().prefetches, 0);
+  }
 }
 
 }  // namespace

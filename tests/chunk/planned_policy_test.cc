@@ -337,6 +337,7 @@ TEST(PlannedPolicy, InTheChunkManagerMovesFewerBytesThanLruAndKeepsEveryByte) {
   options.chunk_budget = 3 * options.chunk_size;
   options.bandwidth_bytes_per_s = 0;  // instant copies: this test counts bytes
   options.copy_latency_ns = 0;
+  options.make_policy = [] { return std::make_unique<LruPolicy>(); };
   bool lru_intact = false;
   bool planned_intact = false;
   const std::int64_t lru = fetched_bytes_over_steps(options, 6, &lru_intact);
