@@ -107,6 +107,7 @@
 #include "allocator/block_address_map.h"
 #include "allocator/block_pool.h"
 #include "allocator/deferred_frees.h"
+#include "allocator/invariant.h"
 #include "allocator/out_of_memory_report.h"
 
 namespace spillway {
@@ -424,6 +425,8 @@ void CachingAllocator::Impl::return_to_pool_locked(Block* block) {
   pool->update_range(keeper, address, size);
   recycle_block_locked(block);
   if (prev != nullptr && next != nullptr) recycle_block_locked(next);
+  SPILLWAY_INVARIANT(!is_free(keeper->prev) && !is_free(keeper->next),
+                     "Note [Split and coalesce]: no two free blocks are neighbours");
 }
 
 void CachingAllocator::Impl::collect_completed_frees_locked() {

@@ -123,6 +123,7 @@
 #include <fmt/format.h>
 
 #include "allocator/chunk.h"
+#include "allocator/invariant.h"
 #include "allocator/log.h"
 #include "allocator/lru_policy.h"
 #include "allocator/out_of_memory_report.h"
@@ -273,6 +274,7 @@ Status ChunkManager::acquire(TensorId id, Stream stream, void** device_ptr, Acce
         return status;
       }
     }
+    SPILLWAY_INVARIANT(chunk.resident(), "an acquire hands out only resident bytes");
     policy_->on_access(chunk.id);
     if (tensor->device_users++ == 0) {
       if (tensor->state == TensorState::hold) --chunk.held_tensors;
@@ -631,9 +633,11 @@ bool ChunkManager::evict_one_locked(const Chunk* planned_incoming) {
 }
 
 Status ChunkManager::evict_locked(Chunk& chunk) {
+  SPILLWAY_INVARIANT(!chunk.in_use(), "a chunk in compute is never evicted");
   if (chunk.dirty()) {
     if (Status status = write_back_locked(chunk); status != Status::ok) return status;
   }
+  SPILLWAY_INVARIANT(!chunk.dirty(), "an evicted chunk's bytes are current on the host");
   drop_device_copy_locked(chunk, kTraceDetailEviction);
   count_locked(chunk, [](ChunkStats& s) { ++s.evictions; });
   notify_locked(chunk);
@@ -673,6 +677,8 @@ Status ChunkManager::write_back_locked(Chunk& chunk) {
 // Gives the device copy back to the allocator, fenced after its users
 // (Note [Reuse fences]). The bytes must be current on the host (or not matter).
 void ChunkManager::drop_device_copy_locked(Chunk& chunk, std::uint16_t trace_detail) {
+  SPILLWAY_INVARIANT(chunk.device_users == 0, "a device copy in use is never given back");
+  SPILLWAY_INVARIANT(resident_bytes_ >= chunk.capacity, "resident bytes count every device copy");
   for (StreamUse& use : chunk.stream_uses) {
     if (use.pending) device_.wait_event(writeback_stream_, use.last_release);
     use.pending = false;
