@@ -2,13 +2,8 @@
 // them, removing clients, and describing all of it. (Moves and the access
 // protocol: chunk_manager.cc.)
 //
-// Note [Packing tensors]
-// Each client keeps one list of chunks per (kind, slot), so a phase of
-// training (the forward reading params, the optimizer reading exp_avg)
-// touches few chunks, and removing a client frees whole chunks. A tensor
-// joins the list's open chunk at the next kTensorAlignment boundary if it
-// fits, else opens a new chunk of chunk_size; a tensor larger than
-// chunk_size gets a chunk of exactly its size, and the open chunk stays open.
+// Where tensors go: ChunkPacker's rule (Note [Packing tensors] in
+// chunk_packer.h), with each client's open chunk per (kind, slot).
 //
 // Note [Sealed chunks]
 // Once a chunk has bytes anywhere (its first access), no tensor joins it: a
@@ -24,17 +19,15 @@
 
 #include "allocator/chunk.h"
 #include "allocator/chunk_manager.h"
+#include "allocator/chunk_packer.h"
+#include "allocator/invariant.h"
 #include "allocator/out_of_memory_report.h"
 
 namespace spillway {
 namespace {
 
-// Where tensors start in a chunk: enough for any vectorized kernel.
-constexpr std::size_t kTensorAlignment = 256;
-
-std::size_t round_up(std::size_t value, std::size_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
-}
+static_assert(ChunkPacker::kChunkRoundBytes == CachingAllocator::kRoundBytes,
+              "a chunk must be exactly one slab");
 
 // How many chunks in compute an error lists before "and N more".
 constexpr std::size_t kChunksListed = 8;
@@ -77,35 +70,29 @@ Status ChunkManager::register_tensor(ClientId client_id, const TensorSpec& spec,
   return Status::ok;
 }
 
-// Note [Packing tensors]
+// Note [Packing tensors] in chunk_packer.h; a sealed chunk takes no tensor.
 void ChunkManager::place_tensor_locked(TensorId id, TensorRecord& tensor, Client& client) {
-  const ClientId client_id = tensor.client;
-  if (tensor.bytes > options_.chunk_size) {
-    Chunk& own = new_chunk_locked(client_id, client, tensor.spec.kind, tensor.spec.slot,
-                                  round_up(tensor.bytes, CachingAllocator::kRoundBytes));
-    own.tensors.push_back(id);
-    own.used_bytes = tensor.bytes;
-    tensor.chunk = own.id;
-    tensor.offset = 0;
-    return;
-  }
   const auto key = std::make_pair(tensor.spec.kind, tensor.spec.slot);
-  Chunk* chunk = nullptr;
-  if (auto open = client.open_chunks.find(key); open != client.open_chunks.end()) {
-    chunk = find_chunk_locked(open->second);
+  Chunk* open = nullptr;
+  if (auto found = client.open_chunks.find(key); found != client.open_chunks.end()) {
+    open = find_chunk_locked(found->second);
   }
-  std::size_t offset = chunk == nullptr ? 0 : round_up(chunk->used_bytes, kTensorAlignment);
-  if (chunk == nullptr || chunk->sealed || offset + tensor.bytes > chunk->capacity) {
-    // Rounded as the allocator rounds, so a chunk is exactly one slab.
-    chunk = &new_chunk_locked(client_id, client, tensor.spec.kind, tensor.spec.slot,
-                              round_up(options_.chunk_size, CachingAllocator::kRoundBytes));
-    client.open_chunks[key] = chunk->id;
-    offset = 0;
+  const bool joinable = open != nullptr && !open->sealed;
+  const ChunkPacker::OpenChunk open_chunk{joinable ? open->capacity : 0,
+                                          joinable ? open->used_bytes : 0};
+  const ChunkPacker::Placement placement =
+      ChunkPacker(options_.chunk_size).place(tensor.bytes, joinable ? &open_chunk : nullptr);
+  Chunk* chunk = open;
+  if (placement.where != ChunkPacker::Where::open_chunk) {
+    chunk = &new_chunk_locked(tensor.client, client, tensor.spec.kind, tensor.spec.slot,
+                              placement.capacity);
+    if (placement.where == ChunkPacker::Where::new_chunk) client.open_chunks[key] = chunk->id;
   }
+  SPILLWAY_INVARIANT(!chunk->sealed, "Note [Sealed chunks]: no tensor joins a chunk with bytes");
   chunk->tensors.push_back(id);
-  chunk->used_bytes = offset + tensor.bytes;
+  chunk->used_bytes = placement.offset + tensor.bytes;
   tensor.chunk = chunk->id;
-  tensor.offset = offset;
+  tensor.offset = placement.offset;
 }
 
 Chunk& ChunkManager::new_chunk_locked(ClientId client_id, Client& client, TensorKind kind,

@@ -5,8 +5,8 @@
 // --------------
 // Clients (models, optimizers) register tensors by kind; each tensor gets a
 // place (chunk, offset) in a chunk of its client's (kind, slot) list
-// (chunk_layout.cc: Note [Packing tensors], Note [Sealed chunks]; the
-// relayout hint and client removal live there too). A chunk is the unit of
+// (chunk_packer.h: Note [Packing tensors]; chunk_layout.cc: Note [Sealed
+// chunks], the relayout hint and client removal). A chunk is the unit of
 // residency and of movement:
 //
 //  - payloads: a device copy from the caching allocator (on the fetch

@@ -4,14 +4,9 @@
 #include <stdexcept>
 #include <utility>
 
+#include "allocator/chunk_packer.h"
+
 namespace spillway::chunksize {
-namespace {
-
-std::uint64_t round_up(std::uint64_t value, std::uint64_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
-}
-
-}  // namespace
 
 std::uint64_t Packing::capacity_bytes() const {
   std::uint64_t bytes = 0;
@@ -33,38 +28,30 @@ std::size_t Packing::own_chunks() const {
 
 Packing pack_tensors(const std::vector<ModelTensor>& tensors, std::uint64_t chunk_size) {
   if (chunk_size == 0) throw std::invalid_argument("chunk size must be positive");
+  const ChunkPacker packer(chunk_size);
   Packing packing;
   packing.chunk_size = chunk_size;
-  struct Open {
-    plan::PlanChunk chunk;
-    std::uint64_t used;  // offset past the last tensor, padding included
-  };
-  std::map<std::pair<DataKind, std::uint32_t>, Open> open;
-  auto new_chunk = [&](const ModelTensor& tensor, std::uint64_t capacity, bool own) {
-    packing.chunks.push_back({tensor.kind, tensor.slot, capacity, 0, own});
-    return static_cast<plan::PlanChunk>(packing.chunks.size() - 1);
-  };
+  std::map<std::pair<DataKind, std::uint32_t>, plan::PlanChunk> open;  // per (kind, slot)
+  std::vector<std::uint64_t> used;  // per chunk: the end of its last tensor
   for (const ModelTensor& tensor : tensors) {
-    plan::PlanChunk chunk = 0;
-    if (tensor.bytes > chunk_size) {
-      chunk = new_chunk(tensor, round_up(tensor.bytes, kChunkRoundBytes), true);
-    } else {
-      const auto key = std::make_pair(tensor.kind, tensor.slot);
-      auto found = open.find(key);
-      std::uint64_t offset =
-          found == open.end() ? 0 : round_up(found->second.used, kTensorAlignment);
-      if (found == open.end() ||
-          offset + tensor.bytes > packing.chunks[found->second.chunk].capacity) {
-        const plan::PlanChunk fresh =
-            new_chunk(tensor, round_up(chunk_size, kChunkRoundBytes), false);
-        found = open.insert_or_assign(key, Open{fresh, 0}).first;
-        offset = 0;
-      }
-      chunk = found->second.chunk;
-      found->second.used = offset + tensor.bytes;
+    const auto found = open.find(std::make_pair(tensor.kind, tensor.slot));
+    ChunkPacker::OpenChunk open_chunk;
+    if (found != open.end())
+      open_chunk = {packing.chunks[found->second].capacity, used[found->second]};
+    const ChunkPacker::Placement placement =
+        packer.place(tensor.bytes, found != open.end() ? &open_chunk : nullptr);
+    plan::PlanChunk chunk = found != open.end() ? found->second : 0;
+    if (placement.where != ChunkPacker::Where::open_chunk) {
+      const bool own = placement.where == ChunkPacker::Where::own_chunk;
+      packing.chunks.push_back({tensor.kind, tensor.slot, placement.capacity, 0, own});
+      used.push_back(0);
+      chunk = static_cast<plan::PlanChunk>(packing.chunks.size() - 1);
+      if (!own) open.insert_or_assign(std::make_pair(tensor.kind, tensor.slot), chunk);
     }
+    used[chunk] = placement.offset + tensor.bytes;
     packing.chunks[chunk].tensor_bytes += tensor.bytes;
     packing.tensor_chunk.push_back(chunk);
+    packing.tensor_offset.push_back(placement.offset);
   }
   return packing;
 }

@@ -1,9 +1,6 @@
-// Packs tensors into chunks by the chunk manager's rule (Note [Packing
-// tensors] in allocator/chunk_layout.cc): each (kind, slot) has one open
-// chunk; a tensor joins it at the next 256-byte boundary if it fits, else
-// opens a new chunk of chunk_size (rounded up to 512 bytes, as the allocator
-// rounds a slab); a tensor larger than chunk_size gets a chunk of exactly its
-// size (rounded the same way) and the open chunk stays open.
+// Packs tensors into chunks with the chunk manager's own packer
+// (allocator/chunk_packer.h, Note [Packing tensors]): each (kind, slot) has
+// one open chunk, as each client's (kind, slot) has in the chunk manager.
 //
 // Waste is what that leaves unused: chunk capacity minus tensor bytes
 // (alignment padding and the room a tensor that did not fit left behind).
@@ -18,11 +15,6 @@
 
 namespace spillway::chunksize {
 
-// Mirrors of allocator constants (kTensorAlignment in chunk_layout.cc,
-// CachingAllocator::kRoundBytes), kept here so this stays below the allocator.
-inline constexpr std::uint64_t kTensorAlignment = 256;
-inline constexpr std::uint64_t kChunkRoundBytes = 512;
-
 struct PackedChunk {
   DataKind kind = DataKind::param;
   std::uint32_t slot = 0;
@@ -35,6 +27,7 @@ struct Packing {
   std::uint64_t chunk_size = 0;               // as asked, before rounding
   std::vector<PackedChunk> chunks;            // id = index, in creation order
   std::vector<plan::PlanChunk> tensor_chunk;  // per tensor, in the order given
+  std::vector<std::uint64_t> tensor_offset;   // per tensor: its offset in its chunk
 
   std::uint64_t capacity_bytes() const;
   std::uint64_t tensor_bytes() const;

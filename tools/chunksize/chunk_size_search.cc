@@ -5,6 +5,7 @@
 #include <set>
 #include <tuple>
 
+#include "allocator/chunk_packer.h"
 #include "tools/chunksize/chunk_packing.h"
 #include "tools/chunksize/packed_step_trace.h"
 #include "tracer/planner/cost_simulator.h"
@@ -60,7 +61,7 @@ CandidateResult evaluate_chunk_size(const sim::ModelSpec& model,
     return result;
   }
   plan::CostModel device = options.device;
-  device.chunk_size = round_up(chunk_size, kChunkRoundBytes);
+  device.chunk_size = ChunkPacker(chunk_size).chunk_capacity();
   const plan::StepTrace trace = packed_step_trace(model, tensors, packing);
   try {
     result.bound_ns = plan::step_bound(trace, device).bound_ns;
@@ -95,7 +96,7 @@ SearchResult search_chunk_size(const sim::ModelSpec& model, const SearchOptions&
     }
   }
   const std::uint64_t fits_largest =
-      std::max(kMinChunkSize, round_up(search.largest_tensor_bytes, kChunkRoundBytes));
+      std::max(kMinChunkSize, round_up(search.largest_tensor_bytes, ChunkPacker::kChunkRoundBytes));
   if (options.min_chunk_size != 0 && options.min_chunk_size < fits_largest) {
     throw ChunkSizeError(
         "the smallest chunk size asked for (" + std::to_string(options.min_chunk_size) +
