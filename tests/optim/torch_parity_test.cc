@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -106,6 +107,19 @@ struct SqrtDifferenceBound {
   std::vector<double> allowed;
 };
 
+// torch's exp_avg and exp_avg_sq of `param` (AdamW keeps a state type of its own).
+std::pair<torch::Tensor, torch::Tensor> torch_moments(const torch::optim::Optimizer& optimizer,
+                                                      bool adamw, const torch::Tensor& param) {
+  const torch::optim::OptimizerParamState& state =
+      *optimizer.state().at(param.unsafeGetTensorImpl());
+  if (adamw) {
+    const auto& adamw_state = static_cast<const torch::optim::AdamWParamState&>(state);
+    return {adamw_state.exp_avg(), adamw_state.exp_avg_sq()};
+  }
+  const auto& adam_state = static_cast<const torch::optim::AdamParamState&>(state);
+  return {adam_state.exp_avg(), adam_state.exp_avg_sq()};
+}
+
 class TorchAdamParity : public ::testing::TestWithParam<std::tuple<AdamCase, Isa, SqrtSource>> {};
 
 TEST_P(TorchAdamParity, MatchesTorchOver50Steps) {
@@ -162,11 +176,10 @@ TEST_P(TorchAdamParity, MatchesTorchOver50Steps) {
         EXPECT_EQ(outside, 0) << "step " << step << ", tensor " << t
                               << ": elements beyond what torch's square root explains";
         if (moments_independent_of_params) {
-          const auto& state = static_cast<const torch::optim::AdamParamState&>(
-              *torch_optimizer->state().at(model.params[t].unsafeGetTensorImpl()));
-          EXPECT_EQ(compare(model.exp_avg[t].data(), state.exp_avg()).differing, 0)
-              << "step " << step;
-          EXPECT_EQ(compare(model.exp_avg_sq[t].data(), state.exp_avg_sq()).differing, 0)
+          const auto [exp_avg, exp_avg_sq] =
+              torch_moments(*torch_optimizer, c.adamw, model.params[t]);
+          EXPECT_EQ(compare(model.exp_avg[t].data(), exp_avg).differing, 0) << "step " << step;
+          EXPECT_EQ(compare(model.exp_avg_sq[t].data(), exp_avg_sq).differing, 0)
               << "step " << step;
         }
       }
