@@ -113,7 +113,7 @@ struct AdamConfig {
 };
 
 // The largest count an AdamConfig::sqrt is called with.
-inline constexpr std::size_t kSqrtBlock = 2048;
+inline constexpr std::size_t kSqrtBlock = 16384;
 
 struct AdamArrays {
   std::size_t count = 0;

@@ -8,8 +8,7 @@
 namespace spillway::optim {
 
 // out[i] = at::sqrt(in[i]) for i < count, as torch computes it for a
-// contiguous float tensor. Thread-safe; count <= cpu::kSqrtBlock keeps ATen
-// from fanning the call out to its own thread pool.
+// contiguous float tensor. Thread-safe.
 void torch_sqrt(const float* in, float* out, std::size_t count);
 
 }  // namespace spillway::optim
