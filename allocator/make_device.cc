@@ -1,7 +1,7 @@
 #include "allocator/make_device.h"
 
+#include "allocator/config/log.h"
 #include "allocator/device/sim_device.h"
-#include "allocator/log.h"
 #if SPILLWAY_HAVE_CUDA
 #include "allocator/device/cuda_device.h"
 #endif

@@ -5,7 +5,7 @@
 #include <memory>
 #include <string>
 
-#include "allocator/config.h"
+#include "allocator/config/config.h"
 #include "allocator/device/device.h"
 
 namespace spillway {

@@ -8,10 +8,10 @@
 #include <cstdlib>
 #include <exception>
 
-#include "allocator/log.h"
-#include "allocator/lru_policy.h"
+#include "allocator/config/log.h"
 #include "allocator/make_device.h"
-#include "allocator/planned_policy.h"
+#include "allocator/policy/lru_policy.h"
+#include "allocator/policy/planned_policy.h"
 
 namespace spillway {
 

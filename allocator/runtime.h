@@ -27,9 +27,9 @@
 #include <string>
 #include <string_view>
 
-#include "allocator/caching_allocator.h"
-#include "allocator/chunk_manager.h"
-#include "allocator/config.h"
+#include "allocator/caching/caching_allocator.h"
+#include "allocator/chunk/chunk_manager.h"
+#include "allocator/config/config.h"
 #include "allocator/device/device.h"
 #include "tracer/op_tracer.h"
 #include "tracer/trace_recorder.h"

@@ -20,8 +20,8 @@
 #include <mutex>
 #include <string>
 
-#include "allocator/caching_allocator.h"
-#include "allocator/log.h"
+#include "allocator/caching/caching_allocator.h"
+#include "allocator/config/log.h"
 #include "allocator/runtime.h"
 
 namespace {

@@ -14,7 +14,7 @@
 #include <random>
 #include <vector>
 
-#include "allocator/caching_allocator.h"
+#include "allocator/caching/caching_allocator.h"
 #include "allocator/device/sim_device.h"
 #include "bench/common/metric_reporter.h"
 

@@ -34,8 +34,8 @@
 #include <string_view>
 #include <vector>
 
-#include "allocator/caching_allocator.h"
-#include "allocator/chunk_manager.h"
+#include "allocator/caching/caching_allocator.h"
+#include "allocator/chunk/chunk_manager.h"
 #include "allocator/device/sim_device.h"
 #include "bench/common/device_options.h"
 #include "bench/common/metric_reporter.h"

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "allocator/config.h"
+#include "allocator/config/config.h"
 #include "bench/common/metric_reporter.h"
 #include "tools/replay/allocation_replay.h"
 #include "tools/replay/allocation_trace.h"

@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "allocator/config.h"
+#include "allocator/config/config.h"
 
 namespace spillway::engine {
 namespace {

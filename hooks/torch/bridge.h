@@ -25,8 +25,8 @@
 
 #include <torch/torch.h>
 
-#include "allocator/chunk_manager.h"
-#include "allocator/chunk_observer.h"
+#include "allocator/chunk/chunk_manager.h"
+#include "allocator/chunk/chunk_observer.h"
 #include "allocator/runtime.h"
 
 namespace spillway::torch_bridge {

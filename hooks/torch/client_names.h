@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "allocator/chunk_manager.h"
+#include "allocator/chunk/chunk_manager.h"
 
 namespace spillway::torch_bridge {
 

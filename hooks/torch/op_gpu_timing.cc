@@ -4,7 +4,7 @@
 #include <atomic>
 #include <stdexcept>
 
-#include "allocator/log.h"
+#include "allocator/config/log.h"
 #include "allocator/runtime.h"
 #include "tracer/cupti/op_gpu_timeline.h"
 #if SPILLWAY_HAVE_CUPTI

@@ -52,7 +52,7 @@
 #include <c10/util/SmallVector.h>
 #include <torch/version.h>
 
-#include "allocator/log.h"
+#include "allocator/config/log.h"
 #include "hooks/torch/bridge.h"
 #include "hooks/torch/op_gpu_timing.h"
 #include "hooks/torch/spillway_torch.h"

@@ -24,7 +24,7 @@
 #ifdef SPILLWAY_HAVE_TORCH_CUDA
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
-#include "allocator/caching_allocator.h"
+#include "allocator/caching/caching_allocator.h"
 #include "allocator/runtime.h"
 #endif
 
@@ -36,7 +36,8 @@ namespace {
 CachingAllocator& installed_allocator() {
   CachingAllocator* allocator = Runtime::process().active_allocator();
   // Installation activated the runtime, which is never torn down.
-  TORCH_INTERNAL_ASSERT(allocator != nullptr, "spillway: the CUDA allocator is used before activation");
+  TORCH_INTERNAL_ASSERT(allocator != nullptr,
+                        "spillway: the CUDA allocator is used before activation");
   return *allocator;
 }
 
@@ -48,8 +49,8 @@ void* allocate(std::size_t bytes, int device, cudaStream_t stream) {
               " was asked for ", bytes, " bytes");
   void* ptr = nullptr;
   if (installed_allocator().allocate(&ptr, bytes, Stream{stream}) != Status::ok)
-    TORCH_CHECK_WITH(OutOfMemoryError, false, "spillway: CUDA out of memory: ",
-                     CachingAllocator::last_error());
+    TORCH_CHECK_WITH(OutOfMemoryError, false,
+                     "spillway: CUDA out of memory: ", CachingAllocator::last_error());
   return ptr;
 }
 
@@ -67,12 +68,13 @@ void use_as_torch_cuda_allocator() {
   activate();
   Runtime& runtime = Runtime::process();
   if (runtime.device().kind() != DeviceKind::cuda)
-    throw std::runtime_error("spillway: use_as_torch_cuda_allocator needs device:cuda (or "
-                             "device:auto on a usable GPU); spillway is running on " +
-                             runtime.device().name());
+    throw std::runtime_error(
+        "spillway: use_as_torch_cuda_allocator needs device:cuda (or "
+        "device:auto on a usable GPU); spillway is running on " +
+        runtime.device().name());
   auto allocator = torch::cuda::CUDAPluggableAllocator::createCustomAllocator(allocate, deallocate);
-  auto* pluggable = dynamic_cast<torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator*>(
-      allocator.get());
+  auto* pluggable =
+      dynamic_cast<torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator*>(allocator.get());
   TORCH_INTERNAL_ASSERT(pluggable != nullptr);
   pluggable->set_record_stream_fn([](void* ptr, cudaStream_t stream) {
     TORCH_CHECK(installed_allocator().record_stream(ptr, Stream{stream}) == Status::ok,

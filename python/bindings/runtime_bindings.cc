@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "allocator/config.h"
+#include "allocator/config/config.h"
 #include "allocator/runtime.h"
 #include "hooks/torch/spillway_torch.h"
 #include "python/bindings/bindings.h"

@@ -1,5 +1,5 @@
 // The chunk manager and spillway-chunksize pack tensors the same way, because
-// both use ChunkPacker (allocator/chunk_packer.h): the same tensors,
+// both use ChunkPacker (allocator/chunk/chunk_packer.h): the same tensors,
 // registered with a chunk manager and packed by pack_tensors, give the same
 // chunks (order, kind, slot, capacity) and put each tensor in the same chunk
 // at the same offset.
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/chunk/chunk_test_support.h"
+#include "tests/allocator/chunk/chunk_test_support.h"
 #include "tools/chunksize/chunk_packing.h"
 #include "tools/chunksize/model_tensors.h"
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Includes point down the layers: docs/design.md's table "folder | may
-include" says which folders each folder's C++ may include; this fails on any
-`#include "folder/..."` it does not allow, naming the file, the line and the
-rule. The most specific folder of the table applies; `all` allows anything.
+include" says which folders (or single headers) each folder's C++ may
+include; this fails on any `#include "folder/..."` it does not allow, naming
+the file, the line and the rule. The most specific folder of the table
+applies; `all` allows anything.
 
     python3 tools/checks/check_layers.py [REPO]
 """
@@ -33,7 +34,7 @@ def read_rules(design):
         if not row:
             continue  # the |---| separator
         folder, allowed = row.groups()
-        rules[folder] = None if allowed.strip() == "all" else re.findall(r"`([^`]+/)`", allowed)
+        rules[folder] = None if allowed.strip() == "all" else re.findall(r"`([^`]+)`", allowed)
     if not rules:
         raise SystemExit(f"{design}: no '| folder | may include |' table")
     return rules

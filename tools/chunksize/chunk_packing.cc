@@ -4,7 +4,7 @@
 #include <stdexcept>
 #include <utility>
 
-#include "allocator/chunk_packer.h"
+#include "allocator/chunk/chunk_packer.h"
 
 namespace spillway::chunksize {
 

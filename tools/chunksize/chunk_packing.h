@@ -1,5 +1,5 @@
 // Packs tensors into chunks with the chunk manager's own packer
-// (allocator/chunk_packer.h, Note [Packing tensors]): each (kind, slot) has
+// (allocator/chunk/chunk_packer.h, Note [Packing tensors]): each (kind, slot) has
 // one open chunk, as each client's (kind, slot) has in the chunk manager.
 //
 // Waste is what that leaves unused: chunk capacity minus tensor bytes

@@ -5,7 +5,7 @@
 #include <set>
 #include <tuple>
 
-#include "allocator/chunk_packer.h"
+#include "allocator/chunk/chunk_packer.h"
 #include "tools/chunksize/chunk_packing.h"
 #include "tools/chunksize/packed_step_trace.h"
 #include "tracer/planner/cost_simulator.h"

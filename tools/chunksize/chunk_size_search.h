@@ -26,7 +26,7 @@ namespace spillway::chunksize {
 
 // The configuration's chunk_size limits (docs/configuration.md).
 inline constexpr std::uint64_t kMinChunkSize = 2ull << 20;
-inline constexpr std::uint64_t kDefaultChunkSize = 64'000'000;  // allocator/config.h
+inline constexpr std::uint64_t kDefaultChunkSize = 64'000'000;  // allocator/config/config.h
 
 // Bad arguments, or no candidate fits the budget: the message says which.
 class ChunkSizeError : public std::runtime_error {

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "allocator/options.h"
+#include "allocator/config/options.h"
 #include "tools/chunksize/chunk_size_search.h"
 #include "tools/sim/model_description.h"
 

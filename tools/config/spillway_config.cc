@@ -16,7 +16,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "allocator/config.h"
+#include "allocator/config/config.h"
 
 namespace {
 

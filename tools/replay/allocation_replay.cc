@@ -5,7 +5,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "allocator/caching_allocator.h"
+#include "allocator/caching/caching_allocator.h"
 #include "allocator/device/sim_device.h"
 
 namespace spillway {

@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <string>
 
-#include "allocator/stats.h"
+#include "allocator/config/stats.h"
 #include "tools/replay/allocation_trace.h"
 
 namespace spillway {

@@ -14,9 +14,9 @@
 #include <functional>
 #include <string>
 
-#include "allocator/config.h"
-#include "allocator/options.h"
-#include "allocator/out_of_memory_report.h"
+#include "allocator/config/config.h"
+#include "allocator/config/format_bytes.h"
+#include "allocator/config/options.h"
 #include "tools/replay/allocation_replay.h"
 #include "tools/replay/allocation_trace.h"
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "allocator/out_of_memory_report.h"
+#include "allocator/config/format_bytes.h"
 
 namespace spillway::report {
 

@@ -17,7 +17,7 @@
 #include <functional>
 #include <string>
 
-#include "allocator/options.h"
+#include "allocator/config/options.h"
 #include "tools/sim/model_description.h"
 #include "tracer/planner/cost_simulator.h"
 #include "tracer/planner/planner.h"

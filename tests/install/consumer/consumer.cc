@@ -3,7 +3,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "allocator/config.h"
+#include "allocator/config/config.h"
 #include "allocator/make_device.h"
 
 int main() {

@@ -1,0 +1,612 @@
+// CachingAllocator: device memory for tensors, cached in slabs, under one
+// budget that model data (chunks) and non-model data (activations) share.
+//
+// Design summary
+// --------------
+// Memory comes from the device in segments and is handed out in blocks carved
+// from them. A freed block is cached, not returned: the next request of a
+// similar size on the same stream reuses it without a device call. The pieces:
+//
+//  - Block (block.h): a range of a segment; a segment's blocks form an
+//    address-ordered list. BlockPool (block_pool.h): the free blocks of one
+//    pool, best fit per stream. BlockAddressMap (block_address_map.h): the
+//    blocks handed out, by address. DeferredFrees (deferred_frees.h): blocks
+//    freed but still in use on other streams.
+//  - One mutex guards all of it. The hot path (a cached block out and back)
+//    is a rounding, two tree lookups and two hash probes under that mutex,
+//    with no heap allocation (Note [A short hot path]).
+//
+// Note [Pools, slabs and segments]
+// Requests are rounded up to 512 bytes. Requests up to 1 MiB come from the
+// small pool, carved from 2 MiB slabs, so small tensors do not fragment the
+// large slabs. Larger requests come from the large pool: slabs of
+// large_slab_bytes (the configured chunk_size, so a chunk is exactly one
+// slab), and requests bigger than that get a segment of their own, rounded
+// up to 2 MiB. Oversize segments belong to the large pool too, so their
+// free space can serve other large requests, as in PyTorch.
+//
+// Note [Split and coalesce]
+// A free block larger than the request is split; the rest stays cached as
+// its own block when it is worth keeping (BlockPool::should_split: PyTorch's
+// rule, >= 512 bytes in the small pool, > 1 MiB in the large pool).
+// Otherwise the caller gets the whole block, and allocated_bytes counts it.
+// A freed block merges with free neighbours in its segment, so a segment
+// whose blocks are all free is again one block, and empty_cache can return
+// it.
+//
+// Note [Streams own blocks]
+// A block belongs to the stream it was allocated on, and is only reused on
+// that stream: work queued there runs in order, so a block freed by the
+// caller can be handed out again at once, even though kernels using it may
+// not have run yet: the next user's kernels queue behind them. A segment's
+// blocks all belong to the stream that the segment was reserved for.
+//
+// Note [Deferred frees and streams]
+// record_stream(ptr, s) says a block is also used on stream s. Reusing it on
+// its own stream as soon as the caller frees it would race with s's queued
+// work. So deallocate records an event on every such stream and parks the
+// block in DeferredFrees; it becomes free once all its events complete.
+// Completed events are collected (query_event, never blocking) at the start
+// of every allocate and deallocate; when memory runs short, and in
+// empty_cache, we synchronize them instead, without holding the mutex.
+// allocated_bytes drops at the caller's free; active_bytes only when the
+// block is really free, so active = allocated + awaiting other streams.
+//
+// Note [The allocation fallback chain]
+// allocate tries, in order, stopping at the first that gives a block:
+//   1. a cached free block (best fit in the pool, on the stream);
+//   2. a new segment within the budget;
+//   3. return every fully free cached segment (all pools, all streams) to
+//      the device, then a new segment (counted in num_alloc_retries);
+//   4. wait for deferred frees, then 1 and 3 again;
+//   5. ask each pressure handler to free memory, each followed by 1 and 3;
+//   6. out of memory: the error says what was asked and who holds what.
+// A device malloc that fails (out_of_memory, an injected fault) counts like a
+// full budget and moves on down the chain. Nothing in steps 1-5 leaves the
+// allocator inconsistent, so after an out-of-memory it keeps serving.
+//
+// Note [Segments near the budget]
+// When a whole large slab does not fit in what is left of the budget, a
+// large request gets a segment just big enough (rounded to 2 MiB) instead,
+// so the last few megabytes of the budget serve activations rather than
+// forcing a spill.
+//
+// Note [Pressure handlers run unlocked]
+// Handlers (the chunk manager) free memory by calling deallocate, and may
+// hold their own locks while calling allocate. So the allocator never calls
+// a handler, nor its describe_holdings, while holding its mutex: that
+// would deadlock or invert lock order.
+//
+// Note [Recording under the allocator's lock]
+// Trace events are recorded under the mutex, so the trace's order is the
+// allocator's order: a free of an address always precedes its reuse (Note
+// [Trace order] in trace_recorder.h).
+//
+// Note [A short hot path]
+// A cached alloc+free pair must stay under 100 ns (bench_allocator measures
+// it). A split cuts the new block from the front of the free block and a
+// free merges into a free neighbour, and BlockPool::update_range changes
+// that neighbour's range in place when its order allows, so the usual pair
+// does not rebalance the tree. Blocks and set nodes are recycled, so the pair
+// allocates nothing; the address map is open addressing; stats are plain
+// integers under the same mutex; the clock is only read when a trace sink
+// is attached. The mutex is about half of the remaining cost.
+#include "allocator/caching/caching_allocator.h"
+
+#include <algorithm>
+#include <atomic>
+#include <deque>
+#include <limits>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "allocator/caching/block.h"
+#include "allocator/caching/block_address_map.h"
+#include "allocator/caching/block_pool.h"
+#include "allocator/caching/deferred_frees.h"
+#include "allocator/caching/out_of_memory_report.h"
+#include "allocator/config/format_bytes.h"
+#include "allocator/config/invariant.h"
+
+namespace spillway {
+namespace {
+
+thread_local std::string t_last_error;
+
+// Requests above this cannot be rounded without overflow; no device has it.
+constexpr std::size_t kMaxRequestBytes = std::numeric_limits<std::size_t>::max() / 2;
+
+std::size_t round_up(std::size_t value, std::size_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
+std::uintptr_t stream_id(Stream stream) { return reinterpret_cast<std::uintptr_t>(stream.handle); }
+
+// What one allocate call needs, worked out once.
+struct Request {
+  std::size_t asked_bytes = 0;
+  std::size_t size = 0;  // rounded to kRoundBytes
+  Stream stream;
+  BlockPool* pool = nullptr;
+  std::size_t segment_bytes = 0;      // a new segment: a slab, or an oversize segment
+  std::size_t min_segment_bytes = 0;  // the smallest that fits (Note [Segments near the budget])
+};
+
+// Why the latest attempt to reserve a segment failed, for the error.
+struct ReserveFailure {
+  bool over_budget = false;
+  Status device_status = Status::ok;
+  std::string device_error;
+};
+
+}  // namespace
+
+struct CachingAllocator::Impl {
+  Impl(Device& device_to_use, CachingAllocatorOptions options, TraceSink* trace_sink);
+  ~Impl();
+
+  Status allocate(void** ptr, std::size_t bytes, Stream stream);
+  Status deallocate(void* ptr);
+  Status record_stream(void* ptr, Stream stream);
+  void empty_cache();
+  void set_budget_bytes(std::size_t bytes);
+
+  bool make_request(std::size_t bytes, Stream stream, Request* request);
+  // Steps 1 (cached block) and 3 (release cached segments, new segment) of
+  // Note [The allocation fallback chain], with the mutex held.
+  Block* retry_locked(const Request& request, ReserveFailure* failure);
+  Block* reserve_segment_locked(const Request& request, ReserveFailure* failure);
+  void* hand_out_locked(Block* block, const Request& request);
+  void release_allocated_locked(Block* block);
+  void return_to_pool_locked(Block* block);
+  void release_free_segments_locked();
+  // Cheap when nothing is deferred: called on every allocate and deallocate.
+  void collect_completed_frees_if_any_locked() {
+    if (!deferred_frees.empty()) collect_completed_frees_locked();
+  }
+  void collect_completed_frees_locked();
+  bool wait_for_deferred_frees();
+  std::vector<PressureHandler*> pressure_handlers_snapshot() const;
+  Status fail_out_of_memory(const Request& request, const ReserveFailure& failure,
+                            std::string reason);
+  Status fail_unknown_pointer(const char* operation, void* ptr);
+
+  Block* new_block_locked();
+  void recycle_block_locked(Block* block);
+  void trace_locked(TraceEventKind kind, Stream stream, std::uintptr_t address, std::size_t size) {
+    if (trace != nullptr) trace->record({device.now_ns(), kind, stream_id(stream), address, size});
+  }
+  std::size_t reserved_bytes_locked() const {
+    return static_cast<std::size_t>(stats.reserved_bytes.current);
+  }
+
+  Device& device;
+  TraceSink* const trace;
+  const std::size_t large_slab_bytes;
+  std::atomic<std::size_t> budget_bytes;
+
+  mutable std::mutex mutex;
+  BlockPool small_pool{BlockPool::Kind::small};
+  BlockPool large_pool{BlockPool::Kind::large};
+  BlockAddressMap allocated_blocks;
+  DeferredFrees deferred_frees;
+  std::unordered_map<std::uintptr_t, std::size_t> segments;  // base address -> bytes
+  std::deque<Block> block_storage;                           // stable addresses
+  std::vector<Block*> spare_blocks;
+  std::vector<PressureHandler*> pressure_handlers;
+  Stats stats;
+};
+
+CachingAllocator::Impl::Impl(Device& device_to_use, CachingAllocatorOptions options,
+                             TraceSink* trace_sink)
+    : device(device_to_use),
+      trace(trace_sink),
+      large_slab_bytes(round_up(options.large_slab_bytes, kRoundBytes)),
+      budget_bytes(options.budget_bytes),
+      deferred_frees(device_to_use) {}
+
+CachingAllocator::Impl::~Impl() {
+  // Streams may still use blocks awaiting their events; segments go back only
+  // after that work is done.
+  for (Event event : deferred_frees.pending_events()) device.synchronize_event(event);
+  for (const auto& [base, bytes] : segments) device.free(reinterpret_cast<void*>(base));
+}
+
+bool CachingAllocator::Impl::make_request(std::size_t bytes, Stream stream, Request* request) {
+  request->asked_bytes = bytes;
+  request->stream = stream;
+  if (bytes > kMaxRequestBytes) return false;
+  const std::size_t size = round_up(bytes, kRoundBytes);
+  request->size = size;
+  // Note [Pools, slabs and segments]
+  if (size <= kSmallRequestMaxBytes) {
+    request->pool = &small_pool;
+    request->segment_bytes = request->min_segment_bytes = kSmallSlabBytes;
+  } else if (size <= large_slab_bytes) {
+    request->pool = &large_pool;
+    request->segment_bytes = large_slab_bytes;
+    request->min_segment_bytes = std::min(round_up(size, kOversizeRoundBytes), large_slab_bytes);
+  } else {
+    request->pool = &large_pool;
+    request->segment_bytes = request->min_segment_bytes = round_up(size, kOversizeRoundBytes);
+  }
+  return true;
+}
+
+// Note [The allocation fallback chain]
+Status CachingAllocator::Impl::allocate(void** ptr, std::size_t bytes, Stream stream) {
+  *ptr = nullptr;
+  if (bytes == 0) return Status::ok;
+  Request request;
+  if (!make_request(bytes, stream, &request)) {
+    return fail_out_of_memory(request, {}, "the request is too large to round");
+  }
+  // Reserved bytes never exceed the budget, so no amount of freeing helps.
+  if (request.min_segment_bytes > budget_bytes.load(std::memory_order_relaxed)) {
+    return fail_out_of_memory(
+        request, {},
+        fmt::format("a segment for it ({}) is larger than the whole budget, so nothing was freed",
+                    format_bytes(request.min_segment_bytes)));
+  }
+  ReserveFailure failure;
+  {
+    std::lock_guard lock(mutex);
+    collect_completed_frees_if_any_locked();
+    // 1. A cached free block, 2. a new segment within the budget.
+    Block* block = request.pool->best_fit(stream, request.size);
+    if (block == nullptr) block = reserve_segment_locked(request, &failure);
+    if (block != nullptr) {
+      *ptr = hand_out_locked(block, request);
+      return Status::ok;
+    }
+    // 3. Return cached free segments to the device and try again.
+    ++stats.num_alloc_retries;
+    if (Block* retried = retry_locked(request, &failure)) {
+      *ptr = hand_out_locked(retried, request);
+      return Status::ok;
+    }
+  }
+  // 4. Wait for blocks still in use on other streams (Note [Deferred frees and streams]).
+  if (wait_for_deferred_frees()) {
+    std::lock_guard lock(mutex);
+    if (Block* block = retry_locked(request, &failure)) {
+      *ptr = hand_out_locked(block, request);
+      return Status::ok;
+    }
+  }
+  // 5. Ask the pressure handlers (Note [Pressure handlers run unlocked]).
+  for (PressureHandler* handler : pressure_handlers_snapshot()) {
+    handler->relieve_pressure(request.size, stream);
+    wait_for_deferred_frees();  // in case what it freed was in use on other streams
+    std::lock_guard lock(mutex);
+    if (Block* block = retry_locked(request, &failure)) {
+      *ptr = hand_out_locked(block, request);
+      return Status::ok;
+    }
+  }
+  // 6. Out of memory.
+  return fail_out_of_memory(request, failure, "");
+}
+
+Block* CachingAllocator::Impl::retry_locked(const Request& request, ReserveFailure* failure) {
+  collect_completed_frees_locked();
+  if (Block* block = request.pool->best_fit(request.stream, request.size)) return block;
+  release_free_segments_locked();
+  return reserve_segment_locked(request, failure);
+}
+
+// A new segment for the request, as one free block in the request's pool;
+// null when neither the budget nor the device has room for it. A large
+// request that gets no whole slab tries a segment just big enough (Note
+// [Segments near the budget]), which may also fit where the device is short.
+Block* CachingAllocator::Impl::reserve_segment_locked(const Request& request,
+                                                      ReserveFailure* failure) {
+  const std::size_t budget = budget_bytes.load(std::memory_order_relaxed);
+  const std::size_t reserved = reserved_bytes_locked();
+  const std::size_t left = budget > reserved ? budget - reserved : 0;
+  void* base = nullptr;
+  std::size_t bytes = 0;
+  for (const std::size_t candidate : {request.segment_bytes, request.min_segment_bytes}) {
+    if (candidate == bytes) continue;  // the same size again
+    bytes = candidate;
+    if (bytes > left) {
+      *failure =
+          ReserveFailure{.over_budget = true, .device_status = Status::ok, .device_error = {}};
+      continue;
+    }
+    const Status status = device.malloc(&base, bytes);
+    if (status == Status::ok && base != nullptr) break;
+    *failure = ReserveFailure{
+        .over_budget = false, .device_status = status, .device_error = device.last_error()};
+    base = nullptr;
+  }
+  if (base == nullptr) return nullptr;
+  const auto address = reinterpret_cast<std::uintptr_t>(base);
+  segments.emplace(address, bytes);
+  stats.segment.increase(1);
+  stats.reserved_bytes.increase(static_cast<std::int64_t>(bytes));
+  ++stats.num_device_alloc;
+  trace_locked(TraceEventKind::segment_alloc, request.stream, address, bytes);
+
+  Block* block = new_block_locked();
+  block->address = address;
+  block->size = bytes;
+  block->stream = request.stream;
+  block->pool = request.pool;
+  request.pool->insert(block);
+  return block;
+}
+
+// Hands the request out of `free_block`, a free block in its pool. A split
+// hands out a new block cut from its front, and the free block, shrunk,
+// stays in the pool (Note [Split and coalesce]).
+void* CachingAllocator::Impl::hand_out_locked(Block* free_block, const Request& request) {
+  Block* block = free_block;
+  if (free_block->pool->should_split(*free_block, request.size)) {
+    block = new_block_locked();
+    block->address = free_block->address;
+    block->size = request.size;
+    block->stream = free_block->stream;
+    block->pool = free_block->pool;
+    block->prev = free_block->prev;
+    block->next = free_block;
+    if (block->prev != nullptr) block->prev->next = block;
+    free_block->prev = block;
+    free_block->pool->update_range(free_block, free_block->address + request.size,
+                                   free_block->size - request.size);
+  } else {
+    free_block->pool->remove(free_block);
+  }
+  block->state = BlockState::allocated;
+  block->requested_bytes = request.asked_bytes;
+  allocated_blocks.insert(block);
+  const auto size = static_cast<std::int64_t>(block->size);
+  stats.allocation.increase(1);
+  stats.allocated_bytes.increase(size);
+  stats.active_bytes.increase(size);
+  trace_locked(TraceEventKind::alloc, block->stream, block->address, request.asked_bytes);
+  return block->pointer();
+}
+
+Status CachingAllocator::Impl::deallocate(void* ptr) {
+  if (ptr == nullptr) return Status::ok;
+  {
+    std::lock_guard lock(mutex);
+    collect_completed_frees_if_any_locked();
+    if (Block* block = allocated_blocks.take(reinterpret_cast<std::uintptr_t>(ptr))) {
+      release_allocated_locked(block);
+      return Status::ok;
+    }
+  }
+  return fail_unknown_pointer("deallocate", ptr);
+}
+
+// Note [Deferred frees and streams]
+void CachingAllocator::Impl::release_allocated_locked(Block* block) {
+  const auto size = static_cast<std::int64_t>(block->size);
+  stats.allocation.decrease(1);
+  stats.allocated_bytes.decrease(size);
+  trace_locked(TraceEventKind::free, block->stream, block->address, block->requested_bytes);
+  if (!block->used_on_streams.empty()) {
+    block->state = BlockState::awaiting_streams;
+    if (deferred_frees.defer(block) > 0) return;
+  }
+  stats.active_bytes.decrease(size);
+  return_to_pool_locked(block);
+}
+
+// Makes a block free again, merged with its free neighbours. The merged
+// block is a neighbour already in the pool, grown, so the pool's set rarely
+// changes shape (Note [Split and coalesce]).
+void CachingAllocator::Impl::return_to_pool_locked(Block* block) {
+  block->state = BlockState::free;
+  block->used_on_streams.clear();
+  BlockPool* pool = block->pool;
+  auto is_free = [](const Block* b) { return b != nullptr && b->state == BlockState::free; };
+  Block* prev = is_free(block->prev) ? block->prev : nullptr;
+  Block* next = is_free(block->next) ? block->next : nullptr;
+  if (prev == nullptr && next == nullptr) {
+    pool->insert(block);
+    return;
+  }
+  // The run first..last becomes one block: `keeper`.
+  Block* first = prev != nullptr ? prev : block;
+  Block* last = next != nullptr ? next : block;
+  Block* keeper = prev != nullptr ? prev : next;
+  const std::uintptr_t address = first->address;
+  const std::size_t size = last->address + last->size - first->address;
+  if (prev != nullptr && next != nullptr) pool->remove(next);
+  keeper->prev = first->prev;
+  keeper->next = last->next;
+  if (keeper->prev != nullptr) keeper->prev->next = keeper;
+  if (keeper->next != nullptr) keeper->next->prev = keeper;
+  pool->update_range(keeper, address, size);
+  recycle_block_locked(block);
+  if (prev != nullptr && next != nullptr) recycle_block_locked(next);
+  SPILLWAY_INVARIANT(!is_free(keeper->prev) && !is_free(keeper->next),
+                     "Note [Split and coalesce]: no two free blocks are neighbours");
+}
+
+void CachingAllocator::Impl::collect_completed_frees_locked() {
+  deferred_frees.collect_completed([this](Block* block) {
+    stats.active_bytes.decrease(static_cast<std::int64_t>(block->size));
+    return_to_pool_locked(block);
+  });
+}
+
+// Synchronizes the events of the deferred frees pending now, without the
+// mutex (a stream may take long). Returns whether there were any. An event
+// recycled meanwhile may have been recorded again; waiting for that later
+// work is harmless.
+bool CachingAllocator::Impl::wait_for_deferred_frees() {
+  std::vector<Event> events;
+  {
+    std::lock_guard lock(mutex);
+    events = deferred_frees.pending_events();
+  }
+  for (Event event : events) device.synchronize_event(event);
+  return !events.empty();
+}
+
+void CachingAllocator::Impl::release_free_segments_locked() {
+  for (BlockPool* pool : {&small_pool, &large_pool}) {
+    for (Block* block : pool->whole_segments()) {
+      pool->remove(block);
+      device.free(block->pointer());
+      segments.erase(block->address);
+      stats.segment.decrease(1);
+      stats.reserved_bytes.decrease(static_cast<std::int64_t>(block->size));
+      ++stats.num_device_free;
+      trace_locked(TraceEventKind::segment_free, block->stream, block->address, block->size);
+      recycle_block_locked(block);
+    }
+  }
+}
+
+Status CachingAllocator::Impl::record_stream(void* ptr, Stream stream) {
+  {
+    std::lock_guard lock(mutex);
+    if (Block* block = allocated_blocks.find(reinterpret_cast<std::uintptr_t>(ptr))) {
+      std::vector<Stream>& uses = block->used_on_streams;
+      if (stream != block->stream && std::find(uses.begin(), uses.end(), stream) == uses.end()) {
+        uses.push_back(stream);
+      }
+      return Status::ok;
+    }
+  }
+  return fail_unknown_pointer("record_stream", ptr);
+}
+
+void CachingAllocator::Impl::empty_cache() {
+  wait_for_deferred_frees();
+  std::lock_guard lock(mutex);
+  collect_completed_frees_locked();
+  release_free_segments_locked();
+}
+
+void CachingAllocator::Impl::set_budget_bytes(std::size_t bytes) {
+  budget_bytes.store(bytes, std::memory_order_relaxed);
+  std::lock_guard lock(mutex);
+  if (reserved_bytes_locked() > bytes) release_free_segments_locked();
+}
+
+std::vector<PressureHandler*> CachingAllocator::Impl::pressure_handlers_snapshot() const {
+  std::lock_guard lock(mutex);
+  return pressure_handlers;
+}
+
+Status CachingAllocator::Impl::fail_out_of_memory(const Request& request,
+                                                  const ReserveFailure& failure,
+                                                  std::string reason) {
+  OutOfMemoryReport report;
+  report.asked_bytes = request.asked_bytes;
+  report.rounded_bytes = request.size;
+  report.stream = stream_id(request.stream);
+  report.budget_bytes = budget_bytes.load(std::memory_order_relaxed);
+  {
+    std::lock_guard lock(mutex);
+    ++stats.num_ooms;
+    report.reserved_bytes = reserved_bytes_locked();
+    report.allocated_bytes = static_cast<std::size_t>(stats.allocated_bytes.current);
+    report.awaiting_streams_bytes =
+        static_cast<std::size_t>(stats.active_bytes.current - stats.allocated_bytes.current);
+    report.largest_free_block_bytes =
+        std::max(small_pool.largest_block_bytes(), large_pool.largest_block_bytes());
+    trace_locked(TraceEventKind::oom, request.stream, 0, request.asked_bytes);
+  }
+  if (reason.empty() && failure.device_status != Status::ok) {
+    reason = fmt::format("the device refused a new segment: {}", to_string(failure.device_status));
+    if (!failure.device_error.empty()) reason += fmt::format(" ({})", failure.device_error);
+  } else if (reason.empty()) {
+    reason = fmt::format("a new segment of at least {} does not fit in the budget",
+                         format_bytes(request.min_segment_bytes));
+  }
+  report.reason = std::move(reason);
+  for (PressureHandler* handler : pressure_handlers_snapshot()) {
+    report.pressure_handler_holdings.push_back(handler->describe_holdings());
+  }
+  t_last_error = report.message();
+  switch (failure.device_status) {
+    case Status::error:
+    case Status::unavailable:
+    case Status::invalid_argument:
+      return failure.device_status;
+    default:
+      return Status::out_of_memory;
+  }
+}
+
+Status CachingAllocator::Impl::fail_unknown_pointer(const char* operation, void* ptr) {
+  t_last_error = fmt::format("{}: {} is not a block handed out by this allocator", operation, ptr);
+  return Status::invalid_argument;
+}
+
+Block* CachingAllocator::Impl::new_block_locked() {
+  if (spare_blocks.empty()) return &block_storage.emplace_back();
+  Block* block = spare_blocks.back();
+  spare_blocks.pop_back();
+  return block;
+}
+
+void CachingAllocator::Impl::recycle_block_locked(Block* block) {
+  block->prev = block->next = nullptr;
+  block->state = BlockState::free;
+  block->pending_events = 0;
+  block->used_on_streams.clear();
+  spare_blocks.push_back(block);
+}
+
+// --- Public API ---------------------------------------------------------
+
+CachingAllocator::CachingAllocator(Device& device, CachingAllocatorOptions options,
+                                   TraceSink* trace)
+    : impl_(std::make_unique<Impl>(device, options, trace)) {}
+
+CachingAllocator::~CachingAllocator() = default;
+
+Status CachingAllocator::allocate(void** ptr, std::size_t bytes, Stream stream) {
+  return impl_->allocate(ptr, bytes, stream);
+}
+
+Status CachingAllocator::deallocate(void* ptr) { return impl_->deallocate(ptr); }
+
+Status CachingAllocator::record_stream(void* ptr, Stream stream) {
+  return impl_->record_stream(ptr, stream);
+}
+
+void CachingAllocator::empty_cache() { impl_->empty_cache(); }
+
+void CachingAllocator::add_pressure_handler(PressureHandler* handler) {
+  std::lock_guard lock(impl_->mutex);
+  impl_->pressure_handlers.push_back(handler);
+}
+
+void CachingAllocator::remove_pressure_handler(PressureHandler* handler) {
+  std::lock_guard lock(impl_->mutex);
+  std::erase(impl_->pressure_handlers, handler);
+}
+
+std::size_t CachingAllocator::budget_bytes() const {
+  return impl_->budget_bytes.load(std::memory_order_relaxed);
+}
+
+void CachingAllocator::set_budget_bytes(std::size_t bytes) { impl_->set_budget_bytes(bytes); }
+
+Stats CachingAllocator::stats() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->stats;
+}
+
+void CachingAllocator::reset_peak_stats() {
+  std::lock_guard lock(impl_->mutex);
+  impl_->stats.reset_peaks();
+}
+
+std::string CachingAllocator::last_error() { return t_last_error; }
+
+Device& CachingAllocator::device() const { return impl_->device; }
+
+}  // namespace spillway

@@ -1,0 +1,78 @@
+// CachingAllocator: spillway's replacement for PyTorch's CUDA caching allocator.
+//
+// (Design summary: see the top of caching_allocator.cc.)
+//
+// Public API contract, shared by the C ABI, the runtime, the tools and, later,
+// the chunk manager. The private section belongs to the implementation.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "allocator/caching/pressure_handler.h"
+#include "allocator/config/stats.h"
+#include "allocator/device/device.h"
+#include "tracer/trace_event.h"
+
+namespace spillway {
+
+struct CachingAllocatorOptions {
+  // Cap on the bytes reserved from the device (slabs and segments).
+  std::size_t budget_bytes = std::size_t{1} << 40;
+  // Size of a large-pool slab: the configured chunk_size.
+  std::size_t large_slab_bytes = 64'000'000;
+};
+
+class CachingAllocator {
+ public:
+  static constexpr std::size_t kRoundBytes = 512;
+  static constexpr std::size_t kSmallRequestMaxBytes = std::size_t{1} << 20;  // 1 MiB
+  static constexpr std::size_t kSmallSlabBytes = std::size_t{2} << 20;        // 2 MiB
+  static constexpr std::size_t kOversizeRoundBytes = std::size_t{2} << 20;    // 2 MiB
+
+  // `trace` may be null; when set it receives alloc/free/segment/oom events.
+  CachingAllocator(Device& device, CachingAllocatorOptions options, TraceSink* trace = nullptr);
+  ~CachingAllocator();  // returns every slab to the device
+
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // A block of at least `bytes` usable on `stream`. On failure returns
+  // out_of_memory (or the device's error) and *ptr = nullptr; last_error()
+  // then says what was asked, reserved, allocated, cached, the largest free
+  // block, and what each pressure handler holds. A zero-byte request gives a
+  // null pointer and ok.
+  Status allocate(void** ptr, std::size_t bytes, Stream stream);
+  // Gives a block back. Frees of blocks used on other streams (record_stream)
+  // take effect once those streams' events complete. Unknown pointers:
+  // invalid_argument.
+  Status deallocate(void* ptr);
+  // The block holding ptr is also used on `stream` (torch's record_stream).
+  Status record_stream(void* ptr, Stream stream);
+  // Returns every free slab to the device.
+  void empty_cache();
+
+  // Handlers are asked in registration order; not owned.
+  void add_pressure_handler(PressureHandler* handler);
+  void remove_pressure_handler(PressureHandler* handler);
+
+  std::size_t budget_bytes() const;
+  void set_budget_bytes(std::size_t bytes);
+
+  Stats stats() const;
+  void reset_peak_stats();
+
+  // Detail of this thread's last failed call; empty when none.
+  static std::string last_error();
+
+  Device& device() const;
+
+ private:
+  // Pools, the address map, deferred frees and stats; see caching_allocator.cc.
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace spillway

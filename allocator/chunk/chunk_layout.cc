@@ -1,0 +1,342 @@
+// ChunkManager, part two: clients, where tensors sit in chunks, re-laying
+// them, removing clients, and describing all of it. (Moves and the access
+// protocol: chunk_manager.cc.)
+//
+// Where tensors go: ChunkPacker's rule (Note [Packing tensors] in
+// chunk_packer.h), with each client's open chunk per (kind, slot).
+//
+// Note [Sealed chunks]
+// Once a chunk has bytes anywhere (its first access), no tensor joins it: a
+// newcomer's bytes must read as zeros, but the device copy's tail past
+// used_bytes was never written, and moves copy only up to used_bytes. The
+// next tensor opens a new chunk; the sealed one's spare room stays unused.
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <unordered_set>
+
+#include <fmt/format.h>
+
+#include "allocator/chunk/chunk.h"
+#include "allocator/chunk/chunk_manager.h"
+#include "allocator/chunk/chunk_packer.h"
+#include "allocator/config/format_bytes.h"
+#include "allocator/config/invariant.h"
+
+namespace spillway {
+namespace {
+
+static_assert(ChunkPacker::kChunkRoundBytes == CachingAllocator::kRoundBytes,
+              "a chunk must be exactly one slab");
+
+// How many chunks in compute an error lists before "and N more".
+constexpr std::size_t kChunksListed = 8;
+
+}  // namespace
+
+// --- Clients and registration --------------------------------------------
+
+ClientId ChunkManager::add_client(std::string name) {
+  std::lock_guard lock(mutex_);
+  const ClientId id{next_client_++};
+  clients_[id].name = std::move(name);
+  return id;
+}
+
+Status ChunkManager::register_tensor(ClientId client_id, const TensorSpec& spec,
+                                     TensorId* tensor_id) {
+  *tensor_id = TensorId{};
+  std::lock_guard lock(mutex_);
+  auto client = clients_.find(client_id);
+  if (client == clients_.end()) {
+    return fail(Status::invalid_argument,
+                fmt::format("register_tensor '{}' for client {}, which does not exist", spec.name,
+                            static_cast<unsigned>(client_id)));
+  }
+  if (spec.dtype_bytes == 0 ||
+      spec.element_count > std::numeric_limits<std::size_t>::max() / 2 / spec.dtype_bytes) {
+    return fail(Status::invalid_argument,
+                fmt::format("register_tensor '{}': {} elements of {} bytes is not a size",
+                            spec.name, spec.element_count, spec.dtype_bytes));
+  }
+  const TensorId id{tensors_.size()};
+  auto& tensor = tensors_.emplace_back(std::make_unique<TensorRecord>());
+  tensor->client = client_id;
+  tensor->bytes = spec.bytes();
+  tensor->spec = spec;
+  place_tensor_locked(id, *tensor, client->second);
+  client->second.tensors.push_back(id);
+  *tensor_id = id;
+  return Status::ok;
+}
+
+// Note [Packing tensors] in chunk_packer.h; a sealed chunk takes no tensor.
+void ChunkManager::place_tensor_locked(TensorId id, TensorRecord& tensor, Client& client) {
+  const auto key = std::make_pair(tensor.spec.kind, tensor.spec.slot);
+  Chunk* open = nullptr;
+  if (auto found = client.open_chunks.find(key); found != client.open_chunks.end()) {
+    open = find_chunk_locked(found->second);
+  }
+  const bool joinable = open != nullptr && !open->sealed;
+  const ChunkPacker::OpenChunk open_chunk{joinable ? open->capacity : 0,
+                                          joinable ? open->used_bytes : 0};
+  const ChunkPacker::Placement placement =
+      ChunkPacker(options_.chunk_size).place(tensor.bytes, joinable ? &open_chunk : nullptr);
+  Chunk* chunk = open;
+  if (placement.where != ChunkPacker::Where::open_chunk) {
+    chunk = &new_chunk_locked(tensor.client, client, tensor.spec.kind, tensor.spec.slot,
+                              placement.capacity);
+    if (placement.where == ChunkPacker::Where::new_chunk) client.open_chunks[key] = chunk->id;
+  }
+  SPILLWAY_INVARIANT(!chunk->sealed, "Note [Sealed chunks]: no tensor joins a chunk with bytes");
+  chunk->tensors.push_back(id);
+  chunk->used_bytes = placement.offset + tensor.bytes;
+  tensor.chunk = chunk->id;
+  tensor.offset = placement.offset;
+}
+
+Chunk& ChunkManager::new_chunk_locked(ClientId client_id, Client& client, TensorKind kind,
+                                      std::uint32_t slot, std::size_t capacity) {
+  const ChunkId id{static_cast<std::uint32_t>(chunks_.size())};
+  auto& chunk = chunks_.emplace_back(std::make_unique<Chunk>());
+  chunk->id = id;
+  chunk->client = client_id;
+  chunk->kind = kind;
+  chunk->slot = slot;
+  chunk->capacity = capacity;
+  if (options_.strict_residency) chunk->inaccessible = InaccessibleMapping(capacity);
+  client.chunks.push_back(id);
+  return *chunk;
+}
+
+// Both copies, the events and the policy's record go; the Chunk object
+// stays until the caller resets it.
+void ChunkManager::free_chunk_locked(Chunk& chunk) {
+  release_payloads_locked(chunk);
+  chunk.inaccessible = InaccessibleMapping();
+  notify_locked(chunk);  // every address is null now
+  wait_for_moves_locked(chunk);
+  if (chunk.events_created) {
+    device_.destroy_event(chunk.fetched);
+    device_.destroy_event(chunk.written_back);
+    chunk.events_created = false;
+  }
+  for (StreamUse& use : chunk.stream_uses) device_.destroy_event(use.last_release);
+  chunk.stream_uses.clear();
+  policy_->on_removed(chunk.id);
+}
+
+Status ChunkManager::remove_client(ClientId client_id) {
+  std::lock_guard lock(mutex_);
+  auto client = clients_.find(client_id);
+  if (client == clients_.end()) {
+    return fail(Status::invalid_argument, fmt::format("remove_client {}, which does not exist",
+                                                      static_cast<unsigned>(client_id)));
+  }
+  for (ChunkId id : client->second.chunks) {
+    const Chunk& chunk = *find_chunk_locked(id);
+    if (chunk.in_use()) {
+      return fail(Status::invalid_argument,
+                  fmt::format("remove_client '{}': its tensors are still acquired. {}",
+                              client->second.name, describe_in_use_locked()));
+    }
+  }
+  for (ChunkId id : client->second.chunks) {
+    free_chunk_locked(*find_chunk_locked(id));
+    chunks_[static_cast<std::size_t>(id)].reset();
+  }
+  for (TensorId id : client->second.tensors) tensors_[static_cast<std::size_t>(id)].reset();
+  clients_.erase(client);
+  return Status::ok;
+}
+
+// --- Re-laying -------------------------------------------------------------
+
+Status ChunkManager::relayout(ClientId client_id, std::span<const TensorId> order) {
+  std::lock_guard lock(mutex_);
+  auto found = clients_.find(client_id);
+  if (found == clients_.end()) {
+    return fail(Status::invalid_argument, fmt::format("relayout of client {}, which does not exist",
+                                                      static_cast<unsigned>(client_id)));
+  }
+  Client& client = found->second;
+  for (ChunkId id : client.chunks) {
+    if (find_chunk_locked(id)->in_use()) {
+      return fail(Status::invalid_argument,
+                  fmt::format("relayout of client '{}' while its tensors are acquired. {}",
+                              client.name, describe_in_use_locked()));
+    }
+  }
+  // Every chunk's bytes to the host, and every move finished, so the host
+  // copies can be read here.
+  for (ChunkId id : client.chunks) {
+    Chunk& chunk = *find_chunk_locked(id);
+    if (chunk.dirty()) {
+      if (Status status = write_back_locked(chunk); status != Status::ok) return status;
+    }
+  }
+  for (ChunkId id : client.chunks) wait_for_moves_locked(*find_chunk_locked(id));
+
+  // The new order: those named (once each, this client's only), then the rest.
+  std::vector<TensorId> new_order;
+  std::unordered_set<TensorId> placed;
+  for (TensorId id : order) {
+    const TensorRecord* tensor = find_tensor_locked(id);
+    if (tensor != nullptr && tensor->client == client_id && placed.insert(id).second) {
+      new_order.push_back(id);
+    }
+  }
+  for (TensorId id : client.tensors) {
+    if (placed.insert(id).second) new_order.push_back(id);
+  }
+
+  struct OldPlace {
+    const Chunk* chunk;
+    std::size_t offset;
+  };
+  std::vector<OldPlace> old_places;
+  old_places.reserve(new_order.size());
+  for (TensorId id : new_order) {
+    const TensorRecord& tensor = *find_tensor_locked(id);
+    old_places.push_back({find_chunk_locked(tensor.chunk), tensor.offset});
+  }
+  const std::vector<ChunkId> old_chunks = std::move(client.chunks);
+  client.chunks.clear();
+  client.open_chunks.clear();
+  for (TensorId id : new_order) place_tensor_locked(id, *find_tensor_locked(id), client);
+
+  // Copy each tensor's bytes from its old host copy into its new chunk's.
+  // (materialize fails only when the host heap itself is exhausted.)
+  for (std::size_t i = 0; i < new_order.size(); ++i) {
+    TensorRecord& tensor = *find_tensor_locked(new_order[i]);
+    Chunk& chunk = *find_chunk_locked(tensor.chunk);
+    if (tensor.state == TensorState::hold) ++chunk.held_tensors;
+    const OldPlace& old = old_places[i];
+    if (!old.chunk->host_current) continue;  // zeros, as the new chunk starts
+    if (chunk.location() == Location::none) {
+      if (Status status = materialize_locked(chunk); status != Status::ok) return status;
+    }
+    std::memcpy(static_cast<char*>(chunk.host.data) + tensor.offset,
+                static_cast<const char*>(old.chunk->host.data) + old.offset, tensor.bytes);
+  }
+  for (ChunkId id : old_chunks) {
+    Chunk& chunk = *find_chunk_locked(id);
+    chunk.tensors.clear();  // they belong to the new chunks now: nothing to notify
+    free_chunk_locked(chunk);
+    chunks_[static_cast<std::size_t>(id)].reset();
+  }
+  for (ChunkId id : client.chunks) notify_locked(*find_chunk_locked(id));
+  return Status::ok;
+}
+
+// --- Introspection -------------------------------------------------------
+
+std::optional<TensorInfo> ChunkManager::tensor_info(TensorId id) const {
+  std::lock_guard lock(mutex_);
+  const TensorRecord* tensor = find_tensor_locked(id);
+  if (tensor == nullptr) return std::nullopt;
+  const Chunk& chunk = *find_chunk_locked(tensor->chunk);
+  TensorInfo info;
+  info.client = tensor->client;
+  info.chunk = tensor->chunk;
+  info.offset = tensor->offset;
+  info.bytes = tensor->bytes;
+  info.kind = tensor->spec.kind;
+  info.slot = tensor->spec.slot;
+  info.state = tensor->state;
+  info.location = chunk.location();
+  info.address = tensor_address_locked(chunk, *tensor);
+  info.name = tensor->spec.name;
+  return info;
+}
+
+std::optional<ChunkInfo> ChunkManager::chunk_info(ChunkId id) const {
+  std::lock_guard lock(mutex_);
+  const Chunk* chunk = find_chunk_locked(id);
+  if (chunk == nullptr) return std::nullopt;
+  ChunkInfo info;
+  info.client = chunk->client;
+  info.kind = chunk->kind;
+  info.slot = chunk->slot;
+  info.capacity_bytes = chunk->capacity;
+  info.used_bytes = chunk->used_bytes;
+  info.tensor_count = chunk->tensors.size();
+  info.location = chunk->location();
+  info.state = chunk->state();
+  info.dirty = chunk->dirty();
+  info.pinned_host = chunk->host.pinned;
+  return info;
+}
+
+std::vector<ChunkId> ChunkManager::chunks_of(ClientId id) const {
+  std::lock_guard lock(mutex_);
+  auto client = clients_.find(id);
+  return client == clients_.end() ? std::vector<ChunkId>{} : client->second.chunks;
+}
+
+std::vector<TensorId> ChunkManager::tensors_of(ClientId id) const {
+  std::lock_guard lock(mutex_);
+  auto client = clients_.find(id);
+  return client == clients_.end() ? std::vector<TensorId>{} : client->second.tensors;
+}
+
+// --- Messages ------------------------------------------------------------
+
+std::string ChunkManager::tensor_label_locked(const TensorRecord& tensor) const {
+  auto client = clients_.find(tensor.client);
+  return fmt::format("tensor '{}' of client '{}'", tensor.spec.name,
+                     client == clients_.end() ? std::string("?") : client->second.name);
+}
+
+std::string ChunkManager::chunk_label_locked(const Chunk& chunk) const {
+  auto client = clients_.find(chunk.client);
+  std::string kind(to_string(chunk.kind));
+  if (chunk.kind == TensorKind::optimizer_state) kind += fmt::format(" slot {}", chunk.slot);
+  return fmt::format("chunk {} ({} of client '{}', {})", static_cast<unsigned>(chunk.id), kind,
+                     client == clients_.end() ? std::string("?") : client->second.name,
+                     format_bytes(chunk.capacity));
+}
+
+// Note [Errors say who holds what]
+std::string ChunkManager::describe_in_use_locked() const {
+  std::vector<const Chunk*> in_use;
+  for (const auto& chunk : chunks_) {
+    if (chunk && chunk->in_use()) in_use.push_back(chunk.get());
+  }
+  if (in_use.empty()) return "No chunk is in compute.";
+  std::string text =
+      fmt::format("{} chunk{} in compute:", in_use.size(), in_use.size() == 1 ? " is" : "s are");
+  for (std::size_t i = 0; i < in_use.size() && i < kChunksListed; ++i) {
+    const Chunk& chunk = *in_use[i];
+    text += fmt::format(" {}{} on the {}, acquired:", i == 0 ? "" : "; ", chunk_label_locked(chunk),
+                        chunk.resident() ? "device" : "host");
+    for (TensorId id : chunk.tensors) {
+      const TensorRecord& tensor = *find_tensor_locked(id);
+      const std::uint32_t users = tensor.device_users + tensor.host_users;
+      if (users != 0) text += fmt::format(" '{}' x{}", tensor.spec.name, users);
+    }
+  }
+  if (in_use.size() > kChunksListed) {
+    text += fmt::format("; and {} more", in_use.size() - kChunksListed);
+  }
+  return text + ".";
+}
+
+std::string ChunkManager::describe_holdings_locked() const {
+  std::size_t chunk_count = 0;
+  std::size_t resident = 0;
+  std::size_t in_compute = 0;
+  for (const auto& chunk : chunks_) {
+    if (!chunk) continue;
+    ++chunk_count;
+    if (chunk->resident()) ++resident;
+    if (chunk->resident() && chunk->in_use()) ++in_compute;
+  }
+  return fmt::format(
+      "chunk manager: {} chunks of {} clients, {} chunks ({}) on the device ({} in compute), {} "
+      "on the host",
+      chunk_count, clients_.size(), resident, format_bytes(resident_bytes_), in_compute,
+      format_bytes(static_cast<std::size_t>(stats_.chunk_bytes_host)));
+}
+
+}  // namespace spillway

@@ -1,0 +1,38 @@
+// ChunkStats: the chunk manager's figures, kept per client and in total.
+// add_to() writes them under the contract keys of Stats (chunk_bytes.*,
+// bytes_moved.*, evictions, prefetches, stall_ns); the counts of fetches and
+// write-backs have no contract key and are reported here only.
+#pragma once
+
+#include <cstdint>
+
+#include "allocator/config/stats.h"
+
+namespace spillway {
+
+struct ChunkStats {
+  std::int64_t chunk_bytes_device = 0;  // capacity of chunks resident on the device
+  std::int64_t chunk_bytes_host = 0;    // host payload bytes held (pinned or pageable)
+  std::int64_t fetches = 0;             // host-to-device moves, prefetches included
+  std::int64_t writebacks = 0;          // device-to-host moves (dirty evictions)
+  std::int64_t bytes_moved_h2d = 0;
+  std::int64_t bytes_moved_d2h = 0;
+  std::int64_t evictions = 0;   // device copies dropped to make room, written back or not
+  std::int64_t prefetches = 0;  // fetches started by prefetch()
+  std::int64_t stall_ns = 0;    // time acquire blocked the host waiting for a move
+
+  // Adds these figures to the chunk keys of `stats`.
+  void add_to(Stats* stats) const {
+    stats->chunk_bytes_device += chunk_bytes_device;
+    stats->chunk_bytes_host += chunk_bytes_host;
+    stats->bytes_moved_h2d += bytes_moved_h2d;
+    stats->bytes_moved_d2h += bytes_moved_d2h;
+    stats->evictions += evictions;
+    stats->prefetches += prefetches;
+    stats->stall_ns += stall_ns;
+  }
+
+  friend bool operator==(const ChunkStats&, const ChunkStats&) = default;
+};
+
+}  // namespace spillway

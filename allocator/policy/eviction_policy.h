@@ -1,0 +1,90 @@
+// EvictionPolicy: which resident chunk leaves the device when room is needed.
+//
+// The chunk manager decides *whether* to evict (a fetch needs room, the
+// allocator is under pressure) and which chunks *may* go (resident, nobody
+// computing on them); the policy only picks among those. It is told what
+// it needs to rank them: every access, and chunks arriving on and leaving
+// the device. That fits LRU (lru_policy.h) and the planned policy of design
+// section 5, which replays the traced access sequence and evicts the chunk
+// whose next use is farthest (Belady).
+//
+// All calls come with the chunk manager's lock held, one at a time, so a
+// policy needs no locking of its own; it must not call the manager.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include "allocator/chunk/chunk_types.h"
+
+namespace spillway {
+
+// What a policy reports about itself (memory_stats_json's "policy").
+struct PolicyState {
+  const char* phase = "";          // planned: "tracing", "following" or "diverged"
+  std::int64_t plans_built = 0;    // planned: plans made from a traced step
+  std::int64_t divergences = 0;    // planned: steps that departed from the plan
+  std::int64_t planned_steps = 0;  // planned: steps that followed the plan to the end
+};
+
+// The chunk manager's view of which chunks may be evicted right now.
+class EvictionCandidates {
+ public:
+  // True for a chunk resident on the device that no caller is using.
+  virtual bool evictable(ChunkId chunk) const = 0;
+
+ protected:
+  ~EvictionCandidates() = default;
+};
+
+class EvictionPolicy {
+ public:
+  virtual ~EvictionPolicy() = default;
+
+  virtual std::string_view name() const = 0;
+
+  // A chunk was acquired (on the device or the host). Prefetches are not
+  // accesses.
+  virtual void on_access(ChunkId chunk) = 0;
+  // An access on the host (ChunkManager::acquire_host): the same to most
+  // policies; a planned prefetch must not bring such a chunk to the device.
+  virtual void on_host_access(ChunkId chunk) { on_access(chunk); }
+  // A chunk got a device copy (fetched or prefetched).
+  virtual void on_resident(ChunkId chunk) = 0;
+  // A chunk's device copy went away (evicted, discarded, removed).
+  virtual void on_evicted(ChunkId chunk) = 0;
+  // A chunk no longer exists (its client was removed, or it was re-laid).
+  virtual void on_removed(ChunkId chunk) { on_evicted(chunk); }
+
+  // The chunk to evict among the resident ones `candidates` accepts, or
+  // nullopt when none is acceptable (or the policy never evicts).
+  virtual std::optional<ChunkId> choose_victim(const EvictionCandidates& candidates) = 0;
+
+  // A training step ended (ChunkManager::end_step).
+  virtual void on_step_end() {}
+  // Planned prefetch (Note [Planned prefetch] in planned_policy.h): the next
+  // chunk the policy wants on the device ahead of its use, or nullopt.
+  virtual std::optional<ChunkId> prefetch_candidate() const { return std::nullopt; }
+  // The chunk to evict for prefetching `incoming`, or nullopt when evicting
+  // any acceptable one would cost a fetch the prefetch does not save.
+  virtual std::optional<ChunkId> choose_victim_for_prefetch(const EvictionCandidates& candidates,
+                                                            ChunkId incoming) {
+    (void)candidates;
+    (void)incoming;
+    return std::nullopt;
+  }
+  virtual PolicyState state() const { return {}; }
+};
+
+// Never evicts: the `static` policy, where going over budget is an error.
+class NoEvictionPolicy final : public EvictionPolicy {
+ public:
+  std::string_view name() const override { return "static"; }
+  void on_access(ChunkId) override {}
+  void on_resident(ChunkId) override {}
+  void on_evicted(ChunkId) override {}
+  std::optional<ChunkId> choose_victim(const EvictionCandidates&) override { return std::nullopt; }
+};
+
+}  // namespace spillway

@@ -1,0 +1,182 @@
+// PlannedPolicy: Note [Planned eviction follows the traced step] (planned_policy.h).
+#include "allocator/policy/planned_policy.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+namespace spillway {
+
+PlannedPolicy::PlannedPolicy(int warmup_steps) : warmup_steps_(std::max(1, warmup_steps)) {}
+
+void PlannedPolicy::on_access(ChunkId chunk) { record_or_follow({chunk, /*on_host=*/false}); }
+
+void PlannedPolicy::on_host_access(ChunkId chunk) { record_or_follow({chunk, /*on_host=*/true}); }
+
+void PlannedPolicy::record_or_follow(Access access) {
+  lru_.on_access(access.chunk);
+  switch (phase_) {
+    case Phase::tracing:
+      if (recording_overflowed_) break;
+      if (recording_.size() == kMaxTracedAccesses) {
+        recording_overflowed_ = true;
+        std::vector<Access>().swap(recording_);
+        break;
+      }
+      recording_.push_back(access);
+      break;
+    case Phase::following:
+      if (position_ < sequence_.size() && sequence_[position_].chunk == access.chunk) {
+        ++position_;
+      } else {
+        diverge();
+      }
+      break;
+    case Phase::diverged:
+      break;
+  }
+}
+
+void PlannedPolicy::on_resident(ChunkId chunk) { lru_.on_resident(chunk); }
+
+void PlannedPolicy::on_evicted(ChunkId chunk) { lru_.on_evicted(chunk); }
+
+// A removed chunk may still be in the plan; if the step uses it, the access
+// sequence departs from the plan there and the plan is dropped.
+void PlannedPolicy::on_removed(ChunkId chunk) { lru_.on_removed(chunk); }
+
+std::optional<ChunkId> PlannedPolicy::choose_victim(const EvictionCandidates& candidates) {
+  if (phase_ != Phase::following) return lru_.choose_victim(candidates);
+  const std::optional<Victim> victim = farthest_next_use(position_, &candidates);
+  if (!victim) return std::nullopt;
+  return victim->chunk;
+}
+
+// Note [Planned prefetch].
+std::optional<ChunkId> PlannedPolicy::prefetch_candidate() const {
+  if (phase_ != Phase::following || sequence_.empty()) return std::nullopt;
+  const std::size_t lookahead = std::min(kPrefetchLookahead, sequence_.size());
+  // A chunk used on the host first would lose a device copy fetched now
+  // (acquire_host drops it or writes around it), so it is skipped.
+  std::vector<ChunkId> used_on_host_first;
+  for (std::size_t ahead = 0; ahead < lookahead; ++ahead) {
+    const auto [chunk, on_host] = sequence_[(position_ + ahead) % sequence_.size()];
+    if (on_host) {
+      used_on_host_first.push_back(chunk);
+      continue;
+    }
+    if (lru_.resident(chunk) ||
+        std::ranges::find(used_on_host_first, chunk) != used_on_host_first.end()) {
+      continue;
+    }
+    return chunk;
+  }
+  return std::nullopt;
+}
+
+// Note [Planned prefetch]: the victim is the one Belady would evict when the
+// incoming chunk is used, and it may leave now only if nothing uses it before.
+std::optional<ChunkId> PlannedPolicy::choose_victim_for_prefetch(
+    const EvictionCandidates& candidates, ChunkId incoming) {
+  if (phase_ != Phase::following) return std::nullopt;
+  const std::size_t until_use = distance_to_next_use(incoming);
+  if (until_use == std::numeric_limits<std::size_t>::max()) return std::nullopt;
+  const std::size_t use = position_ + until_use;  // may run into the next repetition
+  // Among every resident chunk, in use or not: Belady's choice at the use.
+  const std::optional<Victim> victim = farthest_next_use(use, nullptr);
+  if (!victim || !candidates.evictable(victim->chunk)) return std::nullopt;
+  if (distance_to_next_use(victim->chunk) < until_use) return std::nullopt;  // used before
+  return victim->chunk;
+}
+
+std::optional<PlannedPolicy::Victim> PlannedPolicy::farthest_next_use(
+    std::size_t from, const EvictionCandidates* candidates) const {
+  std::optional<Victim> victim;
+  for (const ChunkId chunk : lru_.recency()) {  // least recent first: ties go to it
+    if (candidates != nullptr && !candidates->evictable(chunk)) continue;
+    const std::size_t distance = distance_from(from, chunk);
+    if (!victim || distance > victim->next_use) victim = Victim{chunk, distance};
+    if (victim->next_use == std::numeric_limits<std::size_t>::max()) break;  // never used again
+  }
+  return victim;
+}
+
+void PlannedPolicy::on_step_end() {
+  switch (phase_) {
+    case Phase::tracing:
+      ++traced_steps_;
+      if (traced_steps_ >= warmup_steps_ && !recording_overflowed_ && !recording_.empty()) {
+        build_plan();
+      } else {
+        recording_.clear();
+      }
+      recording_overflowed_ = false;
+      break;
+    case Phase::following:
+      if (position_ == sequence_.size()) {
+        ++state_.planned_steps;
+        position_ = 0;
+        break;
+      }
+      diverge();  // the step ended early or late
+      [[fallthrough]];
+    case Phase::diverged:
+      // The next step is traced again, and planned from.
+      phase_ = Phase::tracing;
+      traced_steps_ = warmup_steps_ - 1;
+      recording_.clear();
+      recording_overflowed_ = false;
+      break;
+  }
+}
+
+PolicyState PlannedPolicy::state() const {
+  PolicyState state = state_;
+  switch (phase_) {
+    case Phase::tracing:
+      state.phase = "tracing";
+      break;
+    case Phase::following:
+      state.phase = "following";
+      break;
+    case Phase::diverged:
+      state.phase = "diverged";
+      break;
+  }
+  return state;
+}
+
+void PlannedPolicy::build_plan() {
+  sequence_ = std::move(recording_);
+  recording_.clear();
+  uses_.clear();
+  for (std::size_t i = 0; i < sequence_.size(); ++i) uses_[sequence_[i].chunk].push_back(i);
+  position_ = 0;
+  phase_ = Phase::following;
+  ++state_.plans_built;
+}
+
+void PlannedPolicy::diverge() {
+  phase_ = Phase::diverged;
+  ++state_.divergences;
+  sequence_.clear();
+  uses_.clear();
+  position_ = 0;
+}
+
+std::size_t PlannedPolicy::distance_to_next_use(ChunkId chunk) const {
+  return distance_from(position_, chunk);
+}
+
+std::size_t PlannedPolicy::distance_from(std::size_t from, ChunkId chunk) const {
+  const auto found = uses_.find(chunk);
+  if (found == uses_.end()) return std::numeric_limits<std::size_t>::max();
+  const std::vector<std::size_t>& positions = found->second;
+  const std::size_t size = sequence_.size();
+  const std::size_t in_step = from % size;  // `from` may lie in the next repetition
+  const auto next = std::lower_bound(positions.begin(), positions.end(), in_step);
+  if (next != positions.end()) return *next - in_step;
+  return size - in_step + positions.front();  // in the next repetition
+}
+
+}  // namespace spillway

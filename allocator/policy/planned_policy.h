@@ -1,0 +1,109 @@
+// PlannedPolicy: Belady eviction from the traced access sequence (design
+// section 5, `policy:planned`).
+//
+// Note [Planned eviction follows the traced step]
+//  - Tracing: during the first `warmup_steps` steps (a step ends at
+//    on_step_end, i.e. spillway::step() or a Python optimizer's step) every
+//    chunk access is recorded; meanwhile evictions are LRU's.
+//  - Following: from then on the policy expects the last traced step's
+//    accesses again, in the same order. Its position in that sequence gives
+//    every resident chunk its next use; the victim is the evictable chunk
+//    whose next use is farthest, looking past the step's end into the next
+//    repetition (Belady). A chunk the step never uses goes first; ties go to
+//    the least recently used.
+//  - Divergence: an access other than the expected one (control flow
+//    changed), or a step that ends early or late, drops the plan. The rest
+//    of the step is LRU's, and the next step is traced again.
+//  - Bounded memory: a step longer than kMaxTracedAccesses accesses is not
+//    planned (it stays LRU's); the recording stops growing there.
+//
+// Note [Planned prefetch]
+// While following, the policy names the first chunk of the coming accesses
+// (looking up to kPrefetchLookahead accesses ahead, into the next step) that
+// is not on the device and is next used there (not by acquire_host), and the
+// chunk manager starts fetching it at once, as early as the plan allows, so
+// that its copy overlaps the work before its use instead of stalling the
+// access. Room for it comes from free budget, or from the chunk that Belady
+// would evict at the incoming chunk's use (the resident chunk whose next use
+// from there is farthest), if nothing uses that chunk before then: its
+// eviction moves earlier, and the prefetch moves the same fetch earlier, so a
+// step moves the same bytes as fetching on use (the planner's "the victim
+// leaves right after its last use; the fetch starts then",
+// tracer/planner/planner.h). Otherwise nothing is prefetched yet (the copy
+// streams are FIFOs, so a later chunk does not jump the queue either); the
+// manager asks again after the next acquire and release, and at a step's end
+// for the next step.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "allocator/policy/eviction_policy.h"
+#include "allocator/policy/lru_policy.h"
+
+namespace spillway {
+
+class PlannedPolicy final : public EvictionPolicy {
+ public:
+  static constexpr std::size_t kMaxTracedAccesses = 1 << 22;
+  // How far ahead a prefetch looks (Note [Planned prefetch]): bounds the work
+  // per access; a chunk needed later than this is fetched by a later access.
+  static constexpr std::size_t kPrefetchLookahead = 64;
+
+  // `warmup_steps` below 1 counts as 1: a plan needs a traced step.
+  explicit PlannedPolicy(int warmup_steps);
+
+  std::string_view name() const override { return "planned"; }
+  void on_access(ChunkId chunk) override;
+  void on_host_access(ChunkId chunk) override;
+  void on_resident(ChunkId chunk) override;
+  void on_evicted(ChunkId chunk) override;
+  void on_removed(ChunkId chunk) override;
+  std::optional<ChunkId> choose_victim(const EvictionCandidates& candidates) override;
+  void on_step_end() override;
+  std::optional<ChunkId> prefetch_candidate() const override;
+  std::optional<ChunkId> choose_victim_for_prefetch(const EvictionCandidates& candidates,
+                                                    ChunkId incoming) override;
+  PolicyState state() const override;
+
+ private:
+  enum class Phase { tracing, following, diverged };
+
+  struct Access {
+    ChunkId chunk;
+    bool on_host;  // acquire_host, not acquire: never prefetched
+  };
+
+  void record_or_follow(Access access);
+  void build_plan();
+  void diverge();
+  // Accesses from the current position to the chunk's next use; max() when
+  // the step never uses it.
+  std::size_t distance_to_next_use(ChunkId chunk) const;
+  // The same from sequence index `from` (past the end: the next repetition).
+  std::size_t distance_from(std::size_t from, ChunkId chunk) const;
+  struct Victim {
+    ChunkId chunk;
+    std::size_t next_use;  // distance_from(from, chunk)
+  };
+  // The resident chunk whose next use from sequence index `from` is
+  // farthest, among those `candidates` accepts (every one when null); ties go
+  // to the least recently used.
+  std::optional<Victim> farthest_next_use(std::size_t from,
+                                          const EvictionCandidates* candidates) const;
+
+  LruPolicy lru_;  // evictions while tracing or diverged; recency for ties
+  int warmup_steps_;
+  Phase phase_ = Phase::tracing;
+  int traced_steps_ = 0;  // since the last plan was dropped
+  std::vector<Access> recording_;
+  bool recording_overflowed_ = false;
+  std::vector<Access> sequence_;                                // the planned step's accesses
+  std::unordered_map<ChunkId, std::vector<std::size_t>> uses_;  // positions in sequence_
+  std::size_t position_ = 0;                                    // index of the next expected access
+  PolicyState state_;
+};
+
+}  // namespace spillway
