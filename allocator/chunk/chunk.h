@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "allocator/chunk/chunk_mover.h"
 #include "allocator/chunk/chunk_types.h"
 #include "allocator/chunk/host_pool.h"
 #include "allocator/chunk/inaccessible_mapping.h"
@@ -28,14 +29,6 @@ struct TensorRecord {
   bool alive = true;  // false once its client is removed or it was re-laid
 };
 
-// A stream that used a chunk's device copy, and an event at its last release
-// there: the copy must outlive that work (Note [Streams and chunk payloads]).
-struct StreamUse {
-  Stream stream;
-  Event last_release;
-  bool pending = false;  // recorded since the chunk last left the device
-};
-
 struct Chunk {
   ChunkId id{};
   ClientId client{};
@@ -54,13 +47,8 @@ struct Chunk {
   bool device_current = false;
   bool host_current = false;
 
-  // Moves (Note [Two copy streams]). The events exist from the first fetch.
-  Event fetched{};
-  Event written_back{};
-  bool events_created = false;
-  bool fetch_pending = false;      // the last fetch may still be running
-  bool writeback_pending = false;  // the last write-back may still be running
-  std::vector<StreamUse> stream_uses;
+  // Its payloads' moves in flight (chunk_mover.h).
+  PayloadMoves moves;
 
   // Outstanding acquires of this chunk's tensors.
   std::uint32_t device_users = 0;

@@ -1,6 +1,6 @@
 // ChunkManager, part two: clients, where tensors sit in chunks, re-laying
-// them, removing clients, and describing all of it. (Moves and the access
-// protocol: chunk_manager.cc.)
+// them, removing clients. (The access protocol, residency and pressure:
+// chunk_manager.cc; what the manager reports: chunk_reports.cc.)
 //
 // Where tensors go: ChunkPacker's rule (Note [Packing tensors] in
 // chunk_packer.h), with each client's open chunk per (kind, slot).
@@ -28,9 +28,6 @@ namespace {
 
 static_assert(ChunkPacker::kChunkRoundBytes == CachingAllocator::kRoundBytes,
               "a chunk must be exactly one slab");
-
-// How many chunks in compute an error lists before "and N more".
-constexpr std::size_t kChunksListed = 8;
 
 }  // namespace
 
@@ -115,14 +112,7 @@ void ChunkManager::free_chunk_locked(Chunk& chunk) {
   release_payloads_locked(chunk);
   chunk.inaccessible = InaccessibleMapping();
   notify_locked(chunk);  // every address is null now
-  wait_for_moves_locked(chunk);
-  if (chunk.events_created) {
-    device_.destroy_event(chunk.fetched);
-    device_.destroy_event(chunk.written_back);
-    chunk.events_created = false;
-  }
-  for (StreamUse& use : chunk.stream_uses) device_.destroy_event(use.last_release);
-  chunk.stream_uses.clear();
+  mover_.forget(chunk.moves);
   policy_->on_removed(chunk.id);
 }
 
@@ -175,7 +165,7 @@ Status ChunkManager::relayout(ClientId client_id, std::span<const TensorId> orde
       if (Status status = write_back_locked(chunk); status != Status::ok) return status;
     }
   }
-  for (ChunkId id : client.chunks) wait_for_moves_locked(*find_chunk_locked(id));
+  for (ChunkId id : client.chunks) mover_.wait_for_moves(find_chunk_locked(id)->moves);
 
   // The new order: those named (once each, this client's only), then the rest.
   std::vector<TensorId> new_order;
@@ -227,116 +217,6 @@ Status ChunkManager::relayout(ClientId client_id, std::span<const TensorId> orde
   }
   for (ChunkId id : client.chunks) notify_locked(*find_chunk_locked(id));
   return Status::ok;
-}
-
-// --- Introspection -------------------------------------------------------
-
-std::optional<TensorInfo> ChunkManager::tensor_info(TensorId id) const {
-  std::lock_guard lock(mutex_);
-  const TensorRecord* tensor = find_tensor_locked(id);
-  if (tensor == nullptr) return std::nullopt;
-  const Chunk& chunk = *find_chunk_locked(tensor->chunk);
-  TensorInfo info;
-  info.client = tensor->client;
-  info.chunk = tensor->chunk;
-  info.offset = tensor->offset;
-  info.bytes = tensor->bytes;
-  info.kind = tensor->spec.kind;
-  info.slot = tensor->spec.slot;
-  info.state = tensor->state;
-  info.location = chunk.location();
-  info.address = tensor_address_locked(chunk, *tensor);
-  info.name = tensor->spec.name;
-  return info;
-}
-
-std::optional<ChunkInfo> ChunkManager::chunk_info(ChunkId id) const {
-  std::lock_guard lock(mutex_);
-  const Chunk* chunk = find_chunk_locked(id);
-  if (chunk == nullptr) return std::nullopt;
-  ChunkInfo info;
-  info.client = chunk->client;
-  info.kind = chunk->kind;
-  info.slot = chunk->slot;
-  info.capacity_bytes = chunk->capacity;
-  info.used_bytes = chunk->used_bytes;
-  info.tensor_count = chunk->tensors.size();
-  info.location = chunk->location();
-  info.state = chunk->state();
-  info.dirty = chunk->dirty();
-  info.pinned_host = chunk->host.pinned;
-  return info;
-}
-
-std::vector<ChunkId> ChunkManager::chunks_of(ClientId id) const {
-  std::lock_guard lock(mutex_);
-  auto client = clients_.find(id);
-  return client == clients_.end() ? std::vector<ChunkId>{} : client->second.chunks;
-}
-
-std::vector<TensorId> ChunkManager::tensors_of(ClientId id) const {
-  std::lock_guard lock(mutex_);
-  auto client = clients_.find(id);
-  return client == clients_.end() ? std::vector<TensorId>{} : client->second.tensors;
-}
-
-// --- Messages ------------------------------------------------------------
-
-std::string ChunkManager::tensor_label_locked(const TensorRecord& tensor) const {
-  auto client = clients_.find(tensor.client);
-  return fmt::format("tensor '{}' of client '{}'", tensor.spec.name,
-                     client == clients_.end() ? std::string("?") : client->second.name);
-}
-
-std::string ChunkManager::chunk_label_locked(const Chunk& chunk) const {
-  auto client = clients_.find(chunk.client);
-  std::string kind(to_string(chunk.kind));
-  if (chunk.kind == TensorKind::optimizer_state) kind += fmt::format(" slot {}", chunk.slot);
-  return fmt::format("chunk {} ({} of client '{}', {})", static_cast<unsigned>(chunk.id), kind,
-                     client == clients_.end() ? std::string("?") : client->second.name,
-                     format_bytes(chunk.capacity));
-}
-
-// Note [Errors say who holds what]
-std::string ChunkManager::describe_in_use_locked() const {
-  std::vector<const Chunk*> in_use;
-  for (const auto& chunk : chunks_) {
-    if (chunk && chunk->in_use()) in_use.push_back(chunk.get());
-  }
-  if (in_use.empty()) return "No chunk is in compute.";
-  std::string text =
-      fmt::format("{} chunk{} in compute:", in_use.size(), in_use.size() == 1 ? " is" : "s are");
-  for (std::size_t i = 0; i < in_use.size() && i < kChunksListed; ++i) {
-    const Chunk& chunk = *in_use[i];
-    text += fmt::format(" {}{} on the {}, acquired:", i == 0 ? "" : "; ", chunk_label_locked(chunk),
-                        chunk.resident() ? "device" : "host");
-    for (TensorId id : chunk.tensors) {
-      const TensorRecord& tensor = *find_tensor_locked(id);
-      const std::uint32_t users = tensor.device_users + tensor.host_users;
-      if (users != 0) text += fmt::format(" '{}' x{}", tensor.spec.name, users);
-    }
-  }
-  if (in_use.size() > kChunksListed) {
-    text += fmt::format("; and {} more", in_use.size() - kChunksListed);
-  }
-  return text + ".";
-}
-
-std::string ChunkManager::describe_holdings_locked() const {
-  std::size_t chunk_count = 0;
-  std::size_t resident = 0;
-  std::size_t in_compute = 0;
-  for (const auto& chunk : chunks_) {
-    if (!chunk) continue;
-    ++chunk_count;
-    if (chunk->resident()) ++resident;
-    if (chunk->resident() && chunk->in_use()) ++in_compute;
-  }
-  return fmt::format(
-      "chunk manager: {} chunks of {} clients, {} chunks ({}) on the device ({} in compute), {} "
-      "on the host",
-      chunk_count, clients_.size(), resident, format_bytes(resident_bytes_), in_compute,
-      format_bytes(static_cast<std::size_t>(stats_.chunk_bytes_host)));
 }
 
 }  // namespace spillway

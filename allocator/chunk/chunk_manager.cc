@@ -1,74 +1,8 @@
 // ChunkManager: model data in chunks that move between the device and host
 // memory, shared by every model and optimizer in the process.
 //
-// Design summary
-// --------------
-// Clients (models, optimizers) register tensors by kind; each tensor gets a
-// place (chunk, offset) in a chunk of its client's (kind, slot) list
-// (chunk_packer.h: Note [Packing tensors]; chunk_layout.cc: Note [Sealed
-// chunks], the relayout hint and client removal). A chunk is the unit of
-// residency and of movement:
-//
-//  - payloads: a device copy from the caching allocator (on the fetch
-//    stream, one slab per chunk) and a host copy from the HostPool (pinned
-//    while host_budget lasts). Either, both (clean) or neither may exist;
-//    `device_current` / `host_current` say which holds the bytes. Dirty =
-//    current on the device only.
-//  - location (Chunk::location): device when it has a device copy, else host
-//    when the host copy is current, else none (never written: reads as zero).
-//  - state, derived from its tensors: compute (acquired on either side) >
-//    hold (bytes matter, nobody uses them) > free. A chunk in compute is
-//    never evicted; one in hold may be; one whose tensors are all free has
-//    its payloads released (discard).
-//
-// Eviction is the policy's choice among resident chunks not in compute
-// (eviction_policy.h; LRU by default). A dirty chunk is written back first;
-// a clean one is just dropped. Evictions happen when a fetch needs room in
-// the chunk budget or in the allocator, and when the allocator asks
-// (Note [Evicting under pressure]). Observers (chunk_observer.h) learn every
-// tensor's new address at each move.
-//
-// The access protocol (acquire/release, acquire_host/release_host, prefetch,
-// discard) runs under one mutex. Nothing under it blocks on the device
-// except where noted (Note [Waiting outside the lock]); moves are queued on
-// two copy streams and complete through events.
-//
-// Note [Two copy streams]
-// Fetches (host to device) run on fetch_stream_, write-backs (device to
-// host) on writeback_stream_, so a fetch and an eviction overlap, as a GPU's
-// two copy engines allow. The orderings that matter, each made with an
-// event wait on the device side, never by blocking the host:
-//   - a write-back reads the device copy after every use of it: the
-//     write-back stream waits for the chunk's release events (Note [Streams
-//     and chunk payloads]) and for its fetch;
-//   - a fetch reads the host copy after the write-back that produced it:
-//     the fetch stream waits for written_back;
-//   - a caller's work reads the device copy after its fetch: acquire makes
-//     the caller's stream wait for `fetched` (or blocks, WaitMode::host);
-//   - a fetch writes a reused block after the work on its previous chunk
-//     (Note [Reuse fences]).
-//
-// Note [Streams and chunk payloads]
-// The device copy is allocated on the fetch stream, so that stream owns the
-// block: the allocator hands it out again only to our next fetch (nobody
-// else allocates on that stream), at once, with no device-side ordering of
-// its own. So a dropped block must not be written by a later fetch before
-// everything that used it is done: the callers' kernels (an event recorded
-// at each release, per stream) and the write-back reading it. We join those
-// on the write-back stream and record a *reuse fence* there (one event per
-// dropped block, Note [Reuse fences]).
-//
-// Note [Reuse fences]
-// A fetch that is handed a block overlapping a fenced one makes the fetch
-// stream wait for that fence before copying into it. Waiting at reuse rather
-// than at drop time matters: a fetch into some other free block does not
-// queue behind the evicted chunk's kernels and write-back, so prefetches
-// overlap write-backs (two copy engines) and compute. We avoid
-// record_stream: its deferred free would hide the block from the allocator
-// until the callers' streams drain, so a pressure retry would find nothing.
-// Fences of blocks that the allocator returned to the device are harmless:
-// returning a segment (cudaFree, SimDevice::free) waits for all device work,
-// and completed fences are pruned.
+// (Design summary: chunk_manager.h.) This file: the access protocol,
+// residency (fetches, evictions, payloads) and pressure from the allocator.
 //
 // Note [Evicting under pressure]
 // The allocator asks us (relieve_pressure) when a request on some stream S
@@ -102,17 +36,6 @@
 // bytes that a queued kernel has yet to write. WaitMode::stream does not
 // order the caller's stream after other streams' work on the chunk; as in
 // PyTorch, handing a tensor between streams is the caller's to synchronize.
-//
-// Note [Strict residency]
-// With strict_residency each chunk reserves an inaccessible range of its
-// capacity, and a tensor not on the device has its address there, so a
-// kernel or host read that missed its acquire faults instead of reading
-// stale bytes. Observers are told these addresses like any other.
-//
-// Note [Errors say who holds what]
-// A fetch that cannot make room fails with the chunk, the budget and the
-// chunks in compute with the tensors acquired in them, because "out of
-// memory" alone does not tell a user which acquire was never released.
 #include "allocator/chunk/chunk_manager.h"
 
 #include <unistd.h>
@@ -185,17 +108,10 @@ ChunkManager::ChunkManager(Device& device, CachingAllocator& allocator, ChunkMan
       allocator_(allocator),
       options_(options),
       host_pool_(device, options.host_budget_bytes),
+      mover_(device),
       policy_(policy ? std::move(policy) : std::make_unique<LruPolicy>()),
       device_budget_bytes_(options.device_budget_bytes),
       trace_(trace) {
-  if (device_.create_stream(&fetch_stream_) != Status::ok ||
-      device_.create_stream(&writeback_stream_) != Status::ok) {
-    // Moves then run on the default stream: correct, just without overlap.
-    SPILLWAY_LOG(warn,
-                 "chunk manager: creating its copy streams failed ({}); moves use the "
-                 "default stream",
-                 device_.last_error());
-  }
   allocator_.add_pressure_handler(this);
 }
 
@@ -206,12 +122,7 @@ ChunkManager::~ChunkManager() {
   for (auto& chunk : chunks_) {
     if (chunk) free_chunk_locked(*chunk);
   }
-  device_.synchronize_stream(fetch_stream_);
-  device_.synchronize_stream(writeback_stream_);
-  for (const ReuseFence& fence : reuse_fences_) device_.destroy_event(fence.event);
-  for (Event event : spare_events_) device_.destroy_event(event);
-  if (fetch_stream_.handle != nullptr) device_.destroy_stream(fetch_stream_);
-  if (writeback_stream_.handle != nullptr) device_.destroy_stream(writeback_stream_);
+  // mover_ then waits for its streams and destroys them.
 }
 
 // --- Access protocol -----------------------------------------------------
@@ -251,20 +162,10 @@ Status ChunkManager::acquire(TensorId id, Stream stream, void** device_ptr, Acce
     // After the access is counted, so the plan is at the next one, and after
     // the chunk is in use, so no prefetch evicts it.
     prefetch_planned_locked();
-    if (chunk.fetch_pending && device_.query_event(chunk.fetched) == Status::ok) {
-      chunk.fetch_pending = false;
-    }
     if (wait == WaitMode::stream) {
-      if (chunk.fetch_pending)
-        device_.wait_event(stream, chunk.fetched);  // Note [Two copy streams]
+      mover_.order_after_fetch(chunk.moves, stream);
     } else {
-      // Note [Host access to device copies]
-      if (chunk.fetch_pending) host_waits.push_back(chunk.fetched);
-      for (const StreamUse& use : chunk.stream_uses) {
-        if (use.pending && device_.query_event(use.last_release) != Status::ok) {
-          host_waits.push_back(use.last_release);
-        }
-      }
+      host_waits = mover_.waits_before_host_reads_device(chunk.moves);
     }
     *device_ptr = static_cast<char*>(chunk.device_data) + tensor->offset;
   }
@@ -276,7 +177,7 @@ Status ChunkManager::acquire(TensorId id, Stream stream, void** device_ptr, Acce
     std::lock_guard lock(mutex_);
     TensorRecord* tensor = find_tensor_locked(id);
     Chunk& chunk = *find_chunk_locked(tensor->chunk);
-    chunk.fetch_pending = false;
+    mover_.note_host_waited(chunk.moves, host_waits);
     note_stall_locked(chunk, stalled);
   }
   return Status::ok;
@@ -292,7 +193,7 @@ Status ChunkManager::release(TensorId id, Stream stream) {
                             tensor_label_locked(*tensor)));
   }
   Chunk& chunk = *find_chunk_locked(tensor->chunk);
-  record_release_locked(chunk, stream);
+  mover_.record_release(chunk.moves, stream);
   --chunk.device_users;
   trace_chunk_locked(TraceEventKind::chunk_release, chunk, static_cast<std::uint64_t>(id));
   if (--tensor->device_users == 0 && tensor->host_users == 0) {
@@ -301,24 +202,6 @@ Status ChunkManager::release(TensorId id, Stream stream) {
   }
   if (chunk.device_users == 0) prefetch_planned_locked();  // it may be the victim now
   return Status::ok;
-}
-
-// Note [Streams and chunk payloads]: one event per stream, recorded again at
-// each release there; an eviction waits for the latest of each.
-void ChunkManager::record_release_locked(Chunk& chunk, Stream stream) {
-  auto use = std::find_if(chunk.stream_uses.begin(), chunk.stream_uses.end(),
-                          [&](const StreamUse& u) { return u.stream == stream; });
-  if (use == chunk.stream_uses.end()) {
-    Event event{};
-    if (device_.create_event(&event) != Status::ok) {
-      // Without an event, order by waiting for the stream itself.
-      device_.synchronize_stream(stream);
-      return;
-    }
-    use = chunk.stream_uses.insert(chunk.stream_uses.end(), StreamUse{stream, event, false});
-  }
-  device_.record_event(use->last_release, stream);
-  use->pending = true;
 }
 
 Status ChunkManager::acquire_host(TensorId id, void** host_ptr, AccessMode access) {
@@ -340,15 +223,10 @@ Status ChunkManager::acquire_host(TensorId id, void** host_ptr, AccessMode acces
     } else if (chunk.dirty()) {
       if (Status status = write_back_locked(chunk); status != Status::ok) return status;
     }
-    // The host copy is written by a write-back, and read by a fetch that a
-    // host write must not overtake.
-    if (chunk.writeback_pending) waits.push_back(chunk.written_back);
-    if (access == AccessMode::read_write) {
-      if (chunk.fetch_pending) waits.push_back(chunk.fetched);
-      if (chunk.resident()) {
-        drop_device_copy_locked(chunk);  // it would be stale
-        notify_locked(chunk);
-      }
+    waits = mover_.waits_before_host_touches_host(chunk.moves, access == AccessMode::read_write);
+    if (access == AccessMode::read_write && chunk.resident()) {
+      drop_device_copy_locked(chunk);  // it would be stale
+      notify_locked(chunk);
     }
     policy_->on_host_access(chunk.id);
     if (tensor->host_users++ == 0 && tensor->device_users == 0) {
@@ -365,8 +243,7 @@ Status ChunkManager::acquire_host(TensorId id, void** host_ptr, AccessMode acces
     const auto stalled = static_cast<std::int64_t>(device_.now_ns() - start);
     std::lock_guard lock(mutex_);
     Chunk& chunk = *find_chunk_locked(find_tensor_locked(id)->chunk);
-    chunk.writeback_pending = false;
-    if (access == AccessMode::read_write) chunk.fetch_pending = false;
+    mover_.note_host_waited(chunk.moves, waits);
     note_stall_locked(chunk, stalled);
   }
   return Status::ok;
@@ -434,10 +311,9 @@ Status ChunkManager::evict(ChunkId id) {
 
 void ChunkManager::synchronize() {
   std::lock_guard lock(mutex_);
-  device_.synchronize_stream(fetch_stream_);
-  device_.synchronize_stream(writeback_stream_);
+  mover_.synchronize();
   for (auto& chunk : chunks_) {
-    if (chunk) chunk->fetch_pending = chunk->writeback_pending = false;
+    if (chunk) mover_.note_moves_done(chunk->moves);
   }
 }
 
@@ -482,24 +358,19 @@ Status ChunkManager::fetch_locked(Chunk& chunk, FetchReason reason, const Tensor
       status != Status::ok) {
     return status;
   }
-  wait_for_reuse_fences_locked(data, chunk.capacity);
-  Status status = ensure_events_locked(chunk);
-  if (status == Status::ok && chunk.location() == Location::none)
-    status = materialize_locked(chunk);
-  if (status != Status::ok) {
-    allocator_.deallocate(data);
-    return status;
+  if (chunk.location() == Location::none) {
+    if (Status status = materialize_locked(chunk); status != Status::ok) {
+      allocator_.deallocate(data);
+      return status;
+    }
   }
-  // Note [Two copy streams]: read the host copy after its write-back.
-  if (chunk.writeback_pending) device_.wait_event(fetch_stream_, chunk.written_back);
-  if (status = device_.copy_async(data, chunk.host.data, chunk.used_bytes, fetch_stream_);
+  if (Status status =
+          mover_.fetch(chunk.moves, data, chunk.capacity, chunk.host.data, chunk.used_bytes);
       status != Status::ok) {
     allocator_.deallocate(data);
-    return fail(status, fmt::format("fetch of {}: the copy failed: {}", chunk_label_locked(chunk),
-                                    device_.last_error()));
+    return fail(status, fmt::format("fetch of {}: {}", chunk_label_locked(chunk),
+                                    ChunkMover::last_error()));
   }
-  device_.record_event(chunk.fetched, fetch_stream_);
-  chunk.fetch_pending = true;
   chunk.device_data = data;
   chunk.device_current = true;
   resident_bytes_ += chunk.capacity;
@@ -551,7 +422,7 @@ Status ChunkManager::allocate_device_copy_locked(Chunk& chunk, FetchReason reaso
     Status status;
     {
       AllocatingScope scope(this);
-      status = allocator_.allocate(data, chunk.capacity, fetch_stream_);
+      status = allocator_.allocate(data, chunk.capacity, mover_.fetch_stream());
     }
     if (status == Status::ok) return Status::ok;
     const std::string allocator_error = CachingAllocator::last_error();
@@ -612,21 +483,12 @@ Status ChunkManager::write_back_locked(Chunk& chunk) {
   if (Status status = ensure_host_copy_allocated_locked(chunk); status != Status::ok) {
     return status;
   }
-  // Note [Two copy streams]: after every use of the device copy, and after
-  // the fetch that may still be reading the host copy we overwrite.
-  for (StreamUse& use : chunk.stream_uses) {
-    if (use.pending) device_.wait_event(writeback_stream_, use.last_release);
-    use.pending = false;  // later work on this stream is ordered after them
-  }
-  if (chunk.fetch_pending) device_.wait_event(writeback_stream_, chunk.fetched);
-  if (Status status = device_.copy_async(chunk.host.data, chunk.device_data, chunk.used_bytes,
-                                         writeback_stream_);
+  if (Status status =
+          mover_.write_back(chunk.moves, chunk.host.data, chunk.device_data, chunk.used_bytes);
       status != Status::ok) {
-    return fail(status, fmt::format("write-back of {}: the copy failed: {}",
-                                    chunk_label_locked(chunk), device_.last_error()));
+    return fail(status, fmt::format("write-back of {}: {}", chunk_label_locked(chunk),
+                                    ChunkMover::last_error()));
   }
-  device_.record_event(chunk.written_back, writeback_stream_);
-  chunk.writeback_pending = true;
   chunk.host_current = true;
   count_locked(chunk, [&](ChunkStats& s) {
     s.bytes_moved_d2h += static_cast<std::int64_t>(chunk.used_bytes);
@@ -637,23 +499,11 @@ Status ChunkManager::write_back_locked(Chunk& chunk) {
 }
 
 // Gives the device copy back to the allocator, fenced after its users
-// (Note [Reuse fences]). The bytes must be current on the host (or not matter).
+// (Note [Reuse fences] in chunk_mover.cc). The bytes must be current on the host (or not matter).
 void ChunkManager::drop_device_copy_locked(Chunk& chunk, std::uint16_t trace_detail) {
   SPILLWAY_INVARIANT(chunk.device_users == 0, "a device copy in use is never given back");
   SPILLWAY_INVARIANT(resident_bytes_ >= chunk.capacity, "resident bytes count every device copy");
-  for (StreamUse& use : chunk.stream_uses) {
-    if (use.pending) device_.wait_event(writeback_stream_, use.last_release);
-    use.pending = false;
-  }
-  Event fence = take_event_locked();
-  if (fence.handle != nullptr) {
-    // After the write-back, if any: it was queued on this stream already.
-    device_.record_event(fence, writeback_stream_);
-    const auto begin = reinterpret_cast<std::uintptr_t>(chunk.device_data);
-    reuse_fences_.push_back({begin, begin + chunk.capacity, fence});
-  } else {
-    device_.synchronize_stream(writeback_stream_);  // no event: idle it the slow way
-  }
+  mover_.fence_reuse(chunk.moves, chunk.device_data, chunk.capacity);
   allocator_.deallocate(chunk.device_data);
   chunk.device_data = nullptr;
   chunk.device_current = false;
@@ -663,34 +513,6 @@ void ChunkManager::drop_device_copy_locked(Chunk& chunk, std::uint16_t trace_det
     s.chunk_bytes_device -= static_cast<std::int64_t>(chunk.capacity);
   });
   trace_chunk_locked(TraceEventKind::chunk_drop, chunk, chunk.capacity, trace_detail);
-}
-
-// Note [Reuse fences]: the fetch stream waits for every fence on [data,
-// data + bytes) before writing there; fences already passed are dropped.
-void ChunkManager::wait_for_reuse_fences_locked(void* data, std::size_t bytes) {
-  const auto begin = reinterpret_cast<std::uintptr_t>(data);
-  const std::uintptr_t end = begin + bytes;
-  std::erase_if(reuse_fences_, [&](const ReuseFence& fence) {
-    const bool overlaps = fence.begin < end && begin < fence.end;
-    if (overlaps) {
-      device_.wait_event(fetch_stream_, fence.event);
-    } else if (device_.query_event(fence.event) != Status::ok) {
-      return false;
-    }
-    spare_events_.push_back(fence.event);  // waits read the record at call time
-    return true;
-  });
-}
-
-Event ChunkManager::take_event_locked() {
-  Event event{};
-  if (!spare_events_.empty()) {
-    event = spare_events_.back();
-    spare_events_.pop_back();
-  } else if (device_.create_event(&event) != Status::ok) {
-    event = Event{};
-  }
-  return event;
 }
 
 // A chunk that never had bytes gets a zeroed host copy: the source of its
@@ -724,7 +546,7 @@ Status ChunkManager::ensure_host_copy_allocated_locked(Chunk& chunk) {
 void ChunkManager::release_payloads_locked(Chunk& chunk) {
   if (chunk.resident()) drop_device_copy_locked(chunk);
   if (chunk.host.data != nullptr) {
-    wait_for_moves_locked(chunk);  // Note [Waiting outside the lock]: the exception
+    mover_.wait_for_moves(chunk.moves);  // Note [Waiting outside the lock]: the exception
     count_locked(chunk, [&](ChunkStats& s) {
       s.chunk_bytes_host -= static_cast<std::int64_t>(chunk.host.bytes);
     });
@@ -733,27 +555,6 @@ void ChunkManager::release_payloads_locked(Chunk& chunk) {
   }
   chunk.host_current = false;
   chunk.device_current = false;
-}
-
-void ChunkManager::wait_for_moves_locked(Chunk& chunk) {
-  if (chunk.fetch_pending) device_.synchronize_event(chunk.fetched);
-  if (chunk.writeback_pending) device_.synchronize_event(chunk.written_back);
-  chunk.fetch_pending = chunk.writeback_pending = false;
-}
-
-Status ChunkManager::ensure_events_locked(Chunk& chunk) {
-  if (chunk.events_created) return Status::ok;
-  if (device_.create_event(&chunk.fetched) != Status::ok) {
-    return fail(Status::error, fmt::format("{}: creating an event failed: {}",
-                                           chunk_label_locked(chunk), device_.last_error()));
-  }
-  if (device_.create_event(&chunk.written_back) != Status::ok) {
-    device_.destroy_event(chunk.fetched);
-    return fail(Status::error, fmt::format("{}: creating an event failed: {}",
-                                           chunk_label_locked(chunk), device_.last_error()));
-  }
-  chunk.events_created = true;
-  return Status::ok;
 }
 
 // --- Pressure ------------------------------------------------------------
@@ -787,39 +588,6 @@ std::string ChunkManager::describe_holdings() const {
   return describe_holdings_locked();
 }
 
-// --- Observers -----------------------------------------------------------
-
-void ChunkManager::add_observer(ChunkObserver* observer) {
-  std::lock_guard lock(mutex_);
-  observers_.push_back(observer);
-}
-
-void ChunkManager::remove_observer(ChunkObserver* observer) {
-  std::lock_guard lock(mutex_);
-  std::erase(observers_, observer);
-}
-
-void ChunkManager::notify_locked(const Chunk& chunk) {
-  if (observers_.empty()) return;
-  moved_scratch_.clear();
-  for (TensorId id : chunk.tensors) {
-    const TensorRecord& tensor = *find_tensor_locked(id);
-    moved_scratch_.push_back(
-        {id, tensor.client, tensor_address_locked(chunk, tensor), chunk.location()});
-  }
-  for (ChunkObserver* observer : observers_) observer->on_tensors_moved(moved_scratch_);
-}
-
-void* ChunkManager::tensor_address_locked(const Chunk& chunk, const TensorRecord& tensor) const {
-  if (chunk.resident()) return static_cast<char*>(chunk.device_data) + tensor.offset;
-  if (options_.strict_residency && chunk.inaccessible.data() != nullptr) {
-    return static_cast<char*>(chunk.inaccessible.data()) +
-           tensor.offset;  // Note [Strict residency]
-  }
-  if (chunk.host_current) return static_cast<char*>(chunk.host.data) + tensor.offset;
-  return nullptr;
-}
-
 // --- Stats and lookups ---------------------------------------------------
 
 template <typename Update>
@@ -827,23 +595,6 @@ void ChunkManager::count_locked(const Chunk& chunk, Update update) {
   update(stats_);
   auto client = clients_.find(chunk.client);
   if (client != clients_.end()) update(client->second.stats);
-}
-
-// Recorded under the lock, as the allocator does, so the trace's order is the
-// order of effects (Note [Trace order] in trace_recorder.h): a chunk's fetch
-// follows the alloc of its device copy.
-void ChunkManager::trace_chunk_locked(TraceEventKind kind, const Chunk& chunk, std::uint64_t size,
-                                      std::uint16_t detail) {
-  if (trace_ == nullptr) return;
-  TraceEvent event;
-  event.time_ns = device_.now_ns();
-  event.kind = kind;
-  event.stream = chunk.capacity;
-  event.address = static_cast<std::uint64_t>(chunk.id);
-  event.size = size;
-  event.detail = detail;
-  event.client = static_cast<std::uint32_t>(chunk.client);
-  trace_->record(event);
 }
 
 void ChunkManager::note_stall_locked(const Chunk& chunk, std::int64_t stalled_ns) {
@@ -864,32 +615,6 @@ std::uint64_t ChunkManager::end_step() {
     trace_->record(event);
   }
   return step;
-}
-
-PolicyState ChunkManager::policy_state() const {
-  std::lock_guard lock(mutex_);
-  return policy_->state();
-}
-
-std::string_view ChunkManager::policy_name() const {
-  std::lock_guard lock(mutex_);
-  return policy_->name();
-}
-
-std::uint64_t ChunkManager::steps_ended() const {
-  std::lock_guard lock(mutex_);
-  return steps_ended_;
-}
-
-ChunkStats ChunkManager::stats() const {
-  std::lock_guard lock(mutex_);
-  return stats_;
-}
-
-ChunkStats ChunkManager::client_stats(ClientId id) const {
-  std::lock_guard lock(mutex_);
-  auto client = clients_.find(id);
-  return client == clients_.end() ? ChunkStats{} : client->second.stats;
 }
 
 Chunk* ChunkManager::find_chunk_locked(ChunkId id) const {

@@ -2,8 +2,44 @@
 // state) in fixed-size chunks that move between the device and host memory,
 // for every model and optimizer in the process, under one device budget.
 //
-// (Design summary and notes: see the top of chunk_manager.cc;
-// docs/chunk-manager.md for the user's view.)
+// Design summary
+// --------------
+// Clients (models, optimizers) register tensors by kind; each tensor gets a
+// place (chunk, offset) in a chunk of its client's (kind, slot) list
+// (chunk_packer.h: Note [Packing tensors]; chunk_layout.cc: Note [Sealed
+// chunks], the relayout hint and client removal). A chunk is the unit of
+// residency and of movement:
+//
+//  - payloads: a device copy from the caching allocator (on the fetch
+//    stream, one slab per chunk) and a host copy from the HostPool (pinned
+//    while host_budget lasts). Either, both (clean) or neither may exist;
+//    `device_current` / `host_current` say which holds the bytes. Dirty =
+//    current on the device only.
+//  - location (Chunk::location): device when it has a device copy, else host
+//    when the host copy is current, else none (never written: reads as zero).
+//  - state, derived from its tensors: compute (acquired on either side) >
+//    hold (bytes matter, nobody uses them) > free. A chunk in compute is
+//    never evicted; one in hold may be; one whose tensors are all free has
+//    its payloads released (discard).
+//
+// Eviction is the policy's choice among resident chunks not in compute
+// (eviction_policy.h; LRU by default). A dirty chunk is written back first;
+// a clean one is just dropped. Evictions happen when a fetch needs room in
+// the chunk budget or in the allocator, and when the allocator asks (Note
+// [Evicting under pressure] in chunk_manager.cc). Observers
+// (chunk_observer.h) learn every tensor's new address at each move.
+//
+// The access protocol (acquire/release, acquire_host/release_host, prefetch,
+// discard) runs under one mutex. Nothing under it blocks on the device
+// except where noted (Note [Waiting outside the lock] in chunk_manager.cc).
+// Moves are the ChunkMover's (chunk_mover.cc: Notes [Two copy streams],
+// [Streams and chunk payloads], [Reuse fences]): queued on two copy streams,
+// ordered and completed through events.
+//
+// The code: chunk_manager.cc (access protocol, residency, pressure),
+// chunk_layout.cc (clients, layout), chunk_reports.cc (observers, trace,
+// stats, messages), chunk_mover.cc (moves). docs/chunk-manager.md is the
+// user's view.
 //
 // Typical use, from a bridge that binds tensors to chunks:
 //
@@ -35,6 +71,7 @@
 
 #include "allocator/caching/caching_allocator.h"
 #include "allocator/caching/pressure_handler.h"
+#include "allocator/chunk/chunk_mover.h"
 #include "allocator/chunk/chunk_observer.h"
 #include "allocator/chunk/chunk_stats.h"
 #include "allocator/chunk/chunk_types.h"
@@ -175,8 +212,8 @@ class ChunkManager final : public PressureHandler {
   void release_cached_host_memory() { host_pool_.release_cached(); }
   const ChunkManagerOptions& options() const { return options_; }
   // The streams moves run on: host-to-device and device-to-host.
-  Stream fetch_stream() const { return fetch_stream_; }
-  Stream writeback_stream() const { return writeback_stream_; }
+  Stream fetch_stream() const { return mover_.fetch_stream(); }
+  Stream writeback_stream() const { return mover_.writeback_stream(); }
 
   // --- PressureHandler ---------------------------------------------------
   std::size_t relieve_pressure(std::size_t bytes, Stream stream) override;
@@ -223,14 +260,9 @@ class ChunkManager final : public PressureHandler {
   Status write_back_locked(Chunk& chunk);
   // `trace_detail`: kTraceDetailEviction when evicted for room.
   void drop_device_copy_locked(Chunk& chunk, std::uint16_t trace_detail = 0);
-  void wait_for_reuse_fences_locked(void* data, std::size_t bytes);
-  Event take_event_locked();
   Status materialize_locked(Chunk& chunk);
   Status ensure_host_copy_allocated_locked(Chunk& chunk);
   void release_payloads_locked(Chunk& chunk);
-  void wait_for_moves_locked(Chunk& chunk);
-  Status ensure_events_locked(Chunk& chunk);
-  void record_release_locked(Chunk& chunk, Stream stream);
 
   // Helpers.
   // Sets last_error() and returns `status`.
@@ -257,8 +289,7 @@ class ChunkManager final : public PressureHandler {
   CachingAllocator& allocator_;
   const ChunkManagerOptions options_;
   HostPool host_pool_;
-  Stream fetch_stream_{};
-  Stream writeback_stream_{};
+  ChunkMover mover_;  // its streams and fences outlive every chunk (destroyed after them)
 
   mutable std::mutex mutex_;
   std::unique_ptr<EvictionPolicy> policy_;
@@ -268,14 +299,6 @@ class ChunkManager final : public PressureHandler {
   std::vector<std::unique_ptr<Chunk>> chunks_;          // by ChunkId; null once freed
   std::vector<std::unique_ptr<TensorRecord>> tensors_;  // by TensorId; null once removed
   std::uint32_t next_client_ = 0;
-  // Note [Reuse fences]: blocks given back, and the event their next user waits for.
-  struct ReuseFence {
-    std::uintptr_t begin;
-    std::uintptr_t end;
-    Event event;
-  };
-  std::vector<ReuseFence> reuse_fences_;
-  std::vector<Event> spare_events_;
   std::vector<ChunkObserver*> observers_;
   std::vector<TensorAddress> moved_scratch_;  // reused by notify_locked
   ChunkStats stats_;

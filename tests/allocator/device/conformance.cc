@@ -1,8 +1,7 @@
 // The Device conformance suite (see conformance.h).
 //
-// Ordering tests are deterministic on every backend: a StreamGate is a host
-// function that blocks its stream until the test opens it, so "the copy has not
-// run yet" is a fact, not a race the test hopes to win.
+// Ordering tests are deterministic on every backend: a StreamGate
+// (stream_gate.h) blocks its stream until the test opens it.
 #include "conformance.h"
 
 #include <algorithm>
@@ -14,36 +13,13 @@
 #include <thread>
 #include <vector>
 
+#include "tests/allocator/device/stream_gate.h"
+
 namespace spillway::testing {
 namespace {
 
 #define ASSERT_OK(expr) ASSERT_EQ((expr), Status::ok) << #expr << ": " << device_->last_error()
 #define EXPECT_OK(expr) EXPECT_EQ((expr), Status::ok) << #expr << ": " << device_->last_error()
-
-// Blocks a stream at the point it was launched until open() is called.
-class StreamGate {
- public:
-  StreamGate(Device& device, Stream stream) {
-    launched_ = device.launch_host_function(stream, &StreamGate::wait, this) == Status::ok;
-    EXPECT_TRUE(launched_);
-  }
-  // Opens, and outlives the host function's last look at the gate.
-  ~StreamGate() {
-    open();
-    while (launched_ && !passed_.load(std::memory_order_acquire)) std::this_thread::yield();
-  }
-  void open() { open_.store(true, std::memory_order_release); }
-
- private:
-  static void wait(void* self) {
-    auto* gate = static_cast<StreamGate*>(self);
-    while (!gate->open_.load(std::memory_order_acquire)) std::this_thread::yield();
-    gate->passed_.store(true, std::memory_order_release);
-  }
-  bool launched_ = false;
-  std::atomic<bool> open_{false};
-  std::atomic<bool> passed_{false};
-};
 
 // Pinned host memory freed at scope exit.
 class HostBuffer {

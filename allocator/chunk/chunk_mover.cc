@@ -1,0 +1,258 @@
+// ChunkMover: payload copies on two copy streams, ordered by events.
+//
+// Note [Two copy streams]
+// Fetches (host to device) run on fetch_stream_, write-backs (device to
+// host) on writeback_stream_, so a fetch and an eviction overlap, as a GPU's
+// two copy engines allow. The orderings that matter, each made with an
+// event wait on the device side, never by blocking the host:
+//   - a write-back reads the device copy after every use of it: the
+//     write-back stream waits for the payload's release events (Note
+//     [Streams and chunk payloads]) and for its fetch;
+//   - a fetch reads the host copy after the write-back that produced it:
+//     the fetch stream waits for written_back;
+//   - a caller's work reads the device copy after its fetch: the caller's
+//     stream waits for `fetched` (order_after_fetch), or the host does;
+//   - a fetch writes a reused block after the work on its previous payload
+//     (Note [Reuse fences]).
+//
+// Note [Streams and chunk payloads]
+// The device copy is allocated on the fetch stream, so that stream owns the
+// block: the allocator hands it out again only to our next fetch (nobody
+// else allocates on that stream), at once, with no device-side ordering of
+// its own. So a dropped block must not be written by a later fetch before
+// everything that used it is done: the callers' kernels (an event recorded
+// at each release, per stream) and the write-back reading it. We join those
+// on the write-back stream and record a *reuse fence* there (one event per
+// dropped block, Note [Reuse fences]).
+//
+// Note [Reuse fences]
+// A fetch that is handed a block overlapping a fenced one makes the fetch
+// stream wait for that fence before copying into it. Waiting at reuse rather
+// than at drop time matters: a fetch into some other free block does not
+// queue behind the evicted payload's kernels and write-back, so prefetches
+// overlap write-backs (two copy engines) and compute. We avoid
+// record_stream: its deferred free would hide the block from the allocator
+// until the callers' streams drain, so a pressure retry would find nothing.
+// Fences of blocks that the allocator returned to the device are harmless:
+// returning a segment (cudaFree, SimDevice::free) waits for all device work,
+// and completed fences are pruned, their events kept for the next fence.
+#include "allocator/chunk/chunk_mover.h"
+
+#include <algorithm>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "allocator/config/log.h"
+
+namespace spillway {
+namespace {
+
+thread_local std::string t_last_error;
+
+Status fail(Status status, std::string message) {
+  t_last_error = std::move(message);
+  return status;
+}
+
+bool contains(std::span<const Event> events, Event event) {
+  return std::find(events.begin(), events.end(), event) != events.end();
+}
+
+}  // namespace
+
+ChunkMover::ChunkMover(Device& device) : device_(device) {
+  if (device_.create_stream(&fetch_stream_) != Status::ok ||
+      device_.create_stream(&writeback_stream_) != Status::ok) {
+    SPILLWAY_LOG(warn,
+                 "chunk manager: creating its copy streams failed ({}); moves use the "
+                 "default stream",
+                 device_.last_error());
+  }
+}
+
+ChunkMover::~ChunkMover() {
+  device_.synchronize_stream(fetch_stream_);
+  device_.synchronize_stream(writeback_stream_);
+  for (const ReuseFence& fence : reuse_fences_) device_.destroy_event(fence.event);
+  for (Event event : spare_events_) device_.destroy_event(event);
+  if (fetch_stream_.handle != nullptr) device_.destroy_stream(fetch_stream_);
+  if (writeback_stream_.handle != nullptr) device_.destroy_stream(writeback_stream_);
+}
+
+Status ChunkMover::fetch(PayloadMoves& moves, void* device_data, std::size_t block_bytes,
+                         const void* host_data, std::size_t bytes) {
+  if (Status status = ensure_events(moves); status != Status::ok) return status;
+  wait_for_reuse_fences(device_data, block_bytes);
+  // Note [Two copy streams]: read the host copy after its write-back.
+  if (moves.writeback_pending) device_.wait_event(fetch_stream_, moves.written_back);
+  if (Status status = device_.copy_async(device_data, host_data, bytes, fetch_stream_);
+      status != Status::ok) {
+    return fail(status, fmt::format("the copy failed: {}", device_.last_error()));
+  }
+  device_.record_event(moves.fetched, fetch_stream_);
+  moves.fetch_pending = true;
+  return Status::ok;
+}
+
+Status ChunkMover::write_back(PayloadMoves& moves, void* host_data, const void* device_data,
+                              std::size_t bytes) {
+  if (Status status = ensure_events(moves); status != Status::ok) return status;
+  // Note [Two copy streams]: after every use of the device copy, and after
+  // the fetch that may still be reading the host copy we overwrite.
+  order_writeback_after_releases(moves);
+  if (moves.fetch_pending) device_.wait_event(writeback_stream_, moves.fetched);
+  if (Status status = device_.copy_async(host_data, device_data, bytes, writeback_stream_);
+      status != Status::ok) {
+    return fail(status, fmt::format("the copy failed: {}", device_.last_error()));
+  }
+  device_.record_event(moves.written_back, writeback_stream_);
+  moves.writeback_pending = true;
+  return Status::ok;
+}
+
+// Note [Reuse fences]
+void ChunkMover::fence_reuse(PayloadMoves& moves, void* device_data, std::size_t block_bytes) {
+  order_writeback_after_releases(moves);
+  Event fence = take_event();
+  if (fence.handle == nullptr) {
+    device_.synchronize_stream(writeback_stream_);  // no event: idle it the slow way
+    return;
+  }
+  // After the write-back, if any: it was queued on this stream already.
+  device_.record_event(fence, writeback_stream_);
+  const auto begin = reinterpret_cast<std::uintptr_t>(device_data);
+  reuse_fences_.push_back({begin, begin + block_bytes, fence});
+}
+
+// Note [Streams and chunk payloads]: one event per stream, recorded again at
+// each release there; a write-back or a fence waits for the latest of each.
+void ChunkMover::record_release(PayloadMoves& moves, Stream stream) {
+  auto use = std::find_if(moves.stream_uses.begin(), moves.stream_uses.end(),
+                          [&](const StreamUse& u) { return u.stream == stream; });
+  if (use == moves.stream_uses.end()) {
+    Event event{};
+    if (device_.create_event(&event) != Status::ok) {
+      // Without an event, order by waiting for the stream itself.
+      device_.synchronize_stream(stream);
+      return;
+    }
+    use = moves.stream_uses.insert(moves.stream_uses.end(), StreamUse{stream, event, false});
+  }
+  device_.record_event(use->last_release, stream);
+  use->pending = true;
+}
+
+void ChunkMover::order_after_fetch(PayloadMoves& moves, Stream stream) {
+  if (moves.fetch_pending && device_.query_event(moves.fetched) == Status::ok) {
+    moves.fetch_pending = false;
+  }
+  if (moves.fetch_pending) device_.wait_event(stream, moves.fetched);  // Note [Two copy streams]
+}
+
+std::vector<Event> ChunkMover::waits_before_host_reads_device(PayloadMoves& moves) {
+  std::vector<Event> waits;
+  if (moves.fetch_pending && device_.query_event(moves.fetched) == Status::ok) {
+    moves.fetch_pending = false;
+  }
+  if (moves.fetch_pending) waits.push_back(moves.fetched);
+  for (const StreamUse& use : moves.stream_uses) {
+    if (use.pending && device_.query_event(use.last_release) != Status::ok) {
+      waits.push_back(use.last_release);
+    }
+  }
+  return waits;
+}
+
+std::vector<Event> ChunkMover::waits_before_host_touches_host(const PayloadMoves& moves,
+                                                              bool host_writes) {
+  std::vector<Event> waits;
+  // The host copy is written by a write-back, and read by a fetch that a
+  // host write must not overtake.
+  if (moves.writeback_pending) waits.push_back(moves.written_back);
+  if (host_writes && moves.fetch_pending) waits.push_back(moves.fetched);
+  return waits;
+}
+
+void ChunkMover::note_host_waited(PayloadMoves& moves, std::span<const Event> events) {
+  if (contains(events, moves.fetched)) moves.fetch_pending = false;
+  if (contains(events, moves.written_back)) moves.writeback_pending = false;
+}
+
+void ChunkMover::wait_for_moves(PayloadMoves& moves) {
+  if (moves.fetch_pending) device_.synchronize_event(moves.fetched);
+  if (moves.writeback_pending) device_.synchronize_event(moves.written_back);
+  note_moves_done(moves);
+}
+
+void ChunkMover::synchronize() {
+  device_.synchronize_stream(fetch_stream_);
+  device_.synchronize_stream(writeback_stream_);
+}
+
+void ChunkMover::note_moves_done(PayloadMoves& moves) {
+  moves.fetch_pending = moves.writeback_pending = false;
+}
+
+void ChunkMover::forget(PayloadMoves& moves) {
+  wait_for_moves(moves);
+  if (moves.events_created) {
+    device_.destroy_event(moves.fetched);
+    device_.destroy_event(moves.written_back);
+    moves.events_created = false;
+  }
+  for (StreamUse& use : moves.stream_uses) device_.destroy_event(use.last_release);
+  moves.stream_uses.clear();
+}
+
+std::string ChunkMover::last_error() { return t_last_error; }
+
+Status ChunkMover::ensure_events(PayloadMoves& moves) {
+  if (moves.events_created) return Status::ok;
+  if (device_.create_event(&moves.fetched) != Status::ok) {
+    return fail(Status::error, fmt::format("creating an event failed: {}", device_.last_error()));
+  }
+  if (device_.create_event(&moves.written_back) != Status::ok) {
+    device_.destroy_event(moves.fetched);
+    return fail(Status::error, fmt::format("creating an event failed: {}", device_.last_error()));
+  }
+  moves.events_created = true;
+  return Status::ok;
+}
+
+// Note [Reuse fences]: the fetch stream waits for every fence on [data,
+// data + bytes) before writing there; fences already passed are dropped.
+void ChunkMover::wait_for_reuse_fences(void* data, std::size_t bytes) {
+  const auto begin = reinterpret_cast<std::uintptr_t>(data);
+  const std::uintptr_t end = begin + bytes;
+  std::erase_if(reuse_fences_, [&](const ReuseFence& fence) {
+    const bool overlaps = fence.begin < end && begin < fence.end;
+    if (overlaps) {
+      device_.wait_event(fetch_stream_, fence.event);
+    } else if (device_.query_event(fence.event) != Status::ok) {
+      return false;
+    }
+    spare_events_.push_back(fence.event);  // waits read the record at call time
+    return true;
+  });
+}
+
+void ChunkMover::order_writeback_after_releases(PayloadMoves& moves) {
+  for (StreamUse& use : moves.stream_uses) {
+    if (use.pending) device_.wait_event(writeback_stream_, use.last_release);
+    use.pending = false;  // later work on this stream is ordered after them
+  }
+}
+
+Event ChunkMover::take_event() {
+  Event event{};
+  if (!spare_events_.empty()) {
+    event = spare_events_.back();
+    spare_events_.pop_back();
+  } else if (device_.create_event(&event) != Status::ok) {
+    event = Event{};
+  }
+  return event;
+}
+
+}  // namespace spillway
