@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <unordered_set>
 
 #include <fmt/format.h>
@@ -74,11 +75,11 @@ void ChunkManager::place_tensor_locked(TensorId id, TensorRecord& tensor, Client
   if (auto found = client.open_chunks.find(key); found != client.open_chunks.end()) {
     open = find_chunk_locked(found->second);
   }
-  const bool joinable = open != nullptr && !open->sealed;
-  const ChunkPacker::OpenChunk open_chunk{joinable ? open->capacity : 0,
-                                          joinable ? open->used_bytes : 0};
+  std::optional<ChunkPacker::OpenChunk> joinable;
+  if (open != nullptr && !open->sealed)
+    joinable = ChunkPacker::OpenChunk{open->capacity, open->used_bytes};
   const ChunkPacker::Placement placement =
-      ChunkPacker(options_.chunk_size).place(tensor.bytes, joinable ? &open_chunk : nullptr);
+      ChunkPacker(options_.chunk_size).place(tensor.bytes, joinable ? &*joinable : nullptr);
   Chunk* chunk = open;
   if (placement.where != ChunkPacker::Where::open_chunk) {
     chunk = &new_chunk_locked(tensor.client, client, tensor.spec.kind, tensor.spec.slot,

@@ -9,8 +9,9 @@ applies; `all` allows anything.
 """
 import pathlib
 import re
-import subprocess
 import sys
+
+from repo_files import tracked_files
 
 SOURCES = {".h", ".hpp", ".cc", ".cpp", ".cu", ".cuh", ".inc"}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
@@ -47,13 +48,9 @@ def rule_for(path, rules):
 
 
 def source_files(repo):
-    listed = subprocess.run(["git", "-C", str(repo), "ls-files", "-z"], capture_output=True)
-    if listed.returncode == 0:
-        names = [name for name in listed.stdout.decode().split("\0") if name]
-    else:  # not a git checkout: every file but build trees
-        names = [str(path.relative_to(repo)) for path in repo.rglob("*")
-                 if not any(part.startswith((".", "build")) for part in path.relative_to(repo).parts)]
-    return [name for name in names if pathlib.PurePosixPath(name).suffix in SOURCES]
+    """Tracked C++ sources, as paths relative to repo."""
+    return [str(path.relative_to(repo)) for path in tracked_files(repo)
+            if path.suffix in SOURCES]
 
 
 def main():

@@ -16,8 +16,9 @@ defined, and those defined more than once.
 import collections
 import pathlib
 import re
-import subprocess
 import sys
+
+from repo_files import tracked_files
 
 NOTE = re.compile(r"Note \[([^\]]+)\]")
 MARKDOWN_EXAMPLE = re.compile(r"`(?://\s*)?Note \[[^\]]+\]`")
@@ -36,15 +37,6 @@ def defined_name(lines, index):
     if heading and index + 1 < len(lines) and COMMENT_TEXT.match(lines[index + 1]):
         return heading.group(1)
     return None
-
-
-def tracked_files(repo):
-    """git's tracked files; outside a git checkout, every file but build trees."""
-    listed = subprocess.run(["git", "-C", str(repo), "ls-files", "-z"], capture_output=True)
-    if listed.returncode == 0:
-        return [repo / name for name in listed.stdout.decode().split("\0") if name]
-    return [path for path in repo.rglob("*")
-            if not any(part.startswith((".", "build")) for part in path.relative_to(repo).parts)]
 
 
 def main():

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -88,6 +89,51 @@ void run_worker(ChunkManager& chunks, Device& device, ClientId client, int worke
   device.destroy_stream(stream);
 }
 
+// A thread allocating "activations" of 1-4 MiB from the rig's allocator
+// until stopped, keeping a few live, so chunks spill from under the other
+// threads. Out of memory is allowed (chunks in compute are not evictable);
+// any other failure is a bug, counted in `errors`.
+class ActivationThread {
+ public:
+  ActivationThread(ChunkRig& rig, std::uint64_t seed, std::atomic<int>& errors)
+      : thread_([this, &rig, seed, &errors] { run(rig, seed, errors); }) {}
+  ~ActivationThread() { stop(); }
+  void stop() {
+    done_.store(true);
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void run(ChunkRig& rig, std::uint64_t seed, std::atomic<int>& errors) {
+    Stream stream;
+    ASSERT_EQ(rig.device->create_stream(&stream), Status::ok);
+    std::mt19937_64 random(seed);
+    std::vector<void*> live;
+    while (!done_.load()) {
+      void* ptr = nullptr;
+      const std::size_t bytes = (1 + random() % 4) * MiB;
+      const Status status = rig.allocator->allocate(&ptr, bytes, stream);
+      if (status == Status::ok) {
+        std::memset(ptr, 0x77, bytes);
+        live.push_back(ptr);
+      } else if (status != Status::out_of_memory) {
+        ADD_FAILURE() << to_string(status) << ": " << CachingAllocator::last_error();
+        errors.fetch_add(1);
+      }
+      if (live.size() > 3 || (status != Status::ok && !live.empty())) {
+        rig.allocator->deallocate(live.front());
+        live.erase(live.begin());
+      }
+    }
+    for (void* ptr : live) rig.allocator->deallocate(ptr);
+    rig.device->synchronize_stream(stream);
+    rig.device->destroy_stream(stream);
+  }
+
+  std::atomic<bool> done_{false};
+  std::thread thread_;  // last: it starts once the members it uses exist
+};
+
 struct StressShape {
   int threads;
   int iterations;
@@ -115,47 +161,15 @@ void run_stress(const StressShape& shape) {
   for (int t = 0; t < shape.threads; ++t) clients.push_back(chunks.add_client("worker"));
 
   std::atomic<int> errors{0};
-  std::atomic<bool> done{false};
-  std::thread activations;
-  std::atomic<int> activation_count{0};
-  if (shape.activations) {
-    activations = std::thread([&] {
-      Stream stream;
-      ASSERT_EQ(rig.device->create_stream(&stream), Status::ok);
-      std::mt19937_64 random(77);
-      std::vector<void*> live;
-      while (!done.load()) {
-        void* ptr = nullptr;
-        const std::size_t bytes = (1 + random() % 4) * MiB;
-        // Out of memory is allowed here: the workers' chunks in compute are
-        // not evictable. Anything else is a bug.
-        const Status status = rig.allocator->allocate(&ptr, bytes, stream);
-        if (status == Status::ok) {
-          std::memset(ptr, 0x77, bytes);
-          live.push_back(ptr);
-          activation_count.fetch_add(1);
-        } else if (status != Status::out_of_memory) {
-          ADD_FAILURE() << to_string(status) << ": " << CachingAllocator::last_error();
-          errors.fetch_add(1);
-        }
-        if (live.size() > 3 || (status != Status::ok && !live.empty())) {
-          rig.allocator->deallocate(live.front());
-          live.erase(live.begin());
-        }
-      }
-      for (void* ptr : live) rig.allocator->deallocate(ptr);
-      rig.device->synchronize_stream(stream);
-      rig.device->destroy_stream(stream);
-    });
-  }
+  std::optional<ActivationThread> activations;
+  if (shape.activations) activations.emplace(rig, 77, errors);
   std::vector<std::thread> workers;
   for (int t = 0; t < shape.threads; ++t) {
     workers.emplace_back(run_worker, std::ref(chunks), std::ref(*rig.device), clients[t], t,
                          std::cref(shared), shape.iterations, &errors, &kernels);
   }
   for (std::thread& worker : workers) worker.join();
-  done.store(true);
-  if (activations.joinable()) activations.join();
+  if (activations) activations->stop();
   rig.device->synchronize();
   EXPECT_EQ(errors.load(), 0);
   EXPECT_EQ(kernels.mismatches(), 0);
@@ -250,35 +264,11 @@ TEST(ChunkConcurrency, RepeatedStepsTakenInTurnsFromSeveralThreads) {
     rig.device->destroy_stream(stream);
   };
 
-  std::atomic<bool> done{false};
-  std::thread activations([&] {
-    Stream stream;
-    ASSERT_EQ(rig.device->create_stream(&stream), Status::ok);
-    std::mt19937_64 random(91);
-    std::vector<void*> live;
-    while (!done.load()) {
-      void* ptr = nullptr;
-      const Status status = rig.allocator->allocate(&ptr, (1 + random() % 4) * MiB, stream);
-      if (status == Status::ok) {
-        live.push_back(ptr);
-      } else if (status != Status::out_of_memory) {
-        ADD_FAILURE() << to_string(status) << ": " << CachingAllocator::last_error();
-        errors.fetch_add(1);
-      }
-      if (live.size() > 3 || (status != Status::ok && !live.empty())) {
-        rig.allocator->deallocate(live.front());
-        live.erase(live.begin());
-      }
-    }
-    for (void* ptr : live) rig.allocator->deallocate(ptr);
-    rig.device->synchronize_stream(stream);
-    rig.device->destroy_stream(stream);
-  });
+  ActivationThread activations(rig, 91, errors);
   std::vector<std::thread> workers;
   for (int t = 0; t < kThreads; ++t) workers.emplace_back(worker, t);
   for (std::thread& thread : workers) thread.join();
-  done.store(true);
-  activations.join();
+  activations.stop();
   rig.device->synchronize();
 
   EXPECT_EQ(errors.load(), 0);
