@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -66,6 +67,21 @@ class ChunkMoverTest : public ::testing::Test {
     EXPECT_EQ(device_.malloc(&block, kBlockBytes), Status::ok);
     blocks_.push_back(block);
     return block;
+  }
+
+  // Fetches `bytes` into `block`, queues a kernel on compute_ that reads them
+  // but is held back by the returned gate, and gives the block back (fenced)
+  // while that kernel has yet to run.
+  std::unique_ptr<StreamGate> give_back_under_a_held_kernel(
+      ChunkMover& mover, KernelQueue& kernels, PayloadMoves& moves, void* block,
+      const std::vector<std::uint8_t>& bytes) {
+    EXPECT_EQ(mover.fetch(moves, block, kBlockBytes, bytes.data(), kBlockBytes), Status::ok);
+    mover.order_after_fetch(moves, compute_);
+    auto gate = std::make_unique<StreamGate>(device_, compute_);
+    kernels.check(compute_, block, bytes, "the old payload's kernel");
+    mover.record_release(moves, compute_);
+    mover.fence_reuse(moves, block, kBlockBytes);
+    return gate;
   }
 
   SimDevice device_;
@@ -163,16 +179,10 @@ TEST_F(ChunkMoverTest, AFetchIntoAReusedBlockWaitsForTheWorkOfItsPreviousPayload
   void* block = new_block();
   const std::vector<std::uint8_t> old_bytes = pattern(4);
   const std::vector<std::uint8_t> new_bytes = pattern(5);
-  ASSERT_EQ(mover.fetch(old_payload, block, kBlockBytes, old_bytes.data(), kBlockBytes),
-            Status::ok);
-  mover.order_after_fetch(old_payload, compute_);
   {
     // A kernel still reading the old payload when the block is given back
     // and handed to the next fetch.
-    StreamGate gate(device_, compute_);
-    kernels.check(compute_, block, old_bytes, "the old payload's kernel");
-    mover.record_release(old_payload, compute_);
-    mover.fence_reuse(old_payload, block, kBlockBytes);
+    const auto gate = give_back_under_a_held_kernel(mover, kernels, old_payload, block, old_bytes);
     EXPECT_EQ(mover.reuse_fence_count(), 1u);
     ASSERT_EQ(mover.fetch(new_payload, block, kBlockBytes, new_bytes.data(), kBlockBytes),
               Status::ok);
@@ -195,14 +205,8 @@ TEST_F(ChunkMoverTest, AFetchIntoAnotherBlockDoesNotQueueBehindAFence) {
   void* old_block = new_block();
   void* other_block = new_block();
   const std::vector<std::uint8_t> bytes = pattern(6);
-  ASSERT_EQ(mover.fetch(old_payload, old_block, kBlockBytes, bytes.data(), kBlockBytes),
-            Status::ok);
-  mover.order_after_fetch(old_payload, compute_);
   {
-    StreamGate gate(device_, compute_);
-    kernels.check(compute_, old_block, bytes, "the old payload's kernel");
-    mover.record_release(old_payload, compute_);
-    mover.fence_reuse(old_payload, old_block, kBlockBytes);
+    const auto gate = give_back_under_a_held_kernel(mover, kernels, old_payload, old_block, bytes);
     ASSERT_EQ(mover.fetch(new_payload, other_block, kBlockBytes, bytes.data(), kBlockBytes),
               Status::ok);
     // Note [Reuse fences]: the wait is at reuse, not at drop.
