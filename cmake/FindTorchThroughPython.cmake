@@ -2,8 +2,9 @@
 #
 # Sets SPILLWAY_HAVE_TORCH, SPILLWAY_TORCH_PYTHON (the interpreter, for the
 # Python package and its tests), SPILLWAY_TORCH_VERSION, SPILLWAY_TORCH_CUDA
-# (the CUDA version torch was built for, empty for a CPU torch) and
-# SPILLWAY_TORCH_LIB_DIR (torch's own lib/ folder).
+# (the CUDA version torch was built for, empty for a CPU torch),
+# SPILLWAY_TORCH_LIB_DIR (torch's own lib/ folder) and
+# SPILLWAY_TORCH_CMAKE_PREFIX (where its CMake package is, for the install test).
 set(_python "${SPILLWAY_PYTHON}")
 if(NOT _python AND SKBUILD AND Python_EXECUTABLE)
   set(_python "${Python_EXECUTABLE}")  # pip install . (pyproject.toml)
@@ -86,4 +87,5 @@ if(NOT Torch_FOUND)
 endif()
 set(SPILLWAY_HAVE_TORCH ON)
 set(SPILLWAY_TORCH_PYTHON "${_python}")
+set(SPILLWAY_TORCH_CMAKE_PREFIX "${_prefix}")
 message(STATUS "spillway: Torch found: ${SPILLWAY_TORCH_VERSION} (CUDA: ${SPILLWAY_TORCH_CUDA}) through ${_python}")
