@@ -11,6 +11,11 @@
 //   metric cpu_adam_vs_torch       spillway over torch; goal >= 1.6 (with Torch)
 //   metric cpu_adam_torch_sqrt_params_per_s  spillway's Adam with torch's square
 //                                  root, as the torch bridge runs it (with Torch)
+//   metric cpu_adam_small_call_us  one fp32 AdamW call over 64K params, default
+//                                  threads: the fixed cost of a call (median, us)
+//   metric cpu_adam_after_idle_ms  one fp32 AdamW step over 64M params, default
+//                                  threads, 50 ms after the last call, as in
+//                                  training (median of 7, ms)
 //
 // Plus, in the table only: each ISA variant, mixed precision (bf16 grads and
 // params with fp32 master and state), and the gradient statistics pass.
@@ -165,6 +170,58 @@ void BM_SpillwayAdamTorchSqrt(benchmark::State& state) {
 }
 BENCHMARK(BM_SpillwayAdamTorchSqrt)->Iterations(10)->UseRealTime()->Unit(benchmark::kMillisecond);
 #endif
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+// The fixed cost of a call: a small AdamW step (one thread's worth of work),
+// default ExecConfig, timed call by call.
+void BM_SpillwayAdamSmallCall(benchmark::State& state) {
+  constexpr std::size_t kCount = std::size_t{64} << 10;
+  AdamState adam(kCount);
+  cpu::AdamConfig config;
+  config.weight_decay = 0.01;
+  config.decoupled_weight_decay = true;
+  std::vector<double> micros;
+  for (auto _ : state) {
+    config.step = static_cast<std::int64_t>(micros.size()) + 1;
+    const auto start = std::chrono::steady_clock::now();
+    cpu::adam_step({kCount, adam.params.data(), adam.grads.data(), cpu::DType::f32,
+                    adam.exp_avg.data(), adam.exp_avg_sq.data()},
+                   config);
+    micros.push_back(seconds_since(start) * 1e6);
+  }
+  state.counters[metric_counter("cpu_adam_small_call_us", "us")] = median(micros);
+}
+BENCHMARK(BM_SpillwayAdamSmallCall)->Iterations(2000)->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+// A large step after 50 ms idle (the optimizer step after forward/backward):
+// whatever the workers do while idle (sleep, exit) shows here.
+void BM_SpillwayAdamAfterIdle(benchmark::State& state) {
+  const std::size_t count = kLargeParams;
+  AdamState adam(count);
+  cpu::AdamConfig config;
+  config.weight_decay = 0.01;
+  config.decoupled_weight_decay = true;
+  auto step = [&] {
+    config.step += 1;
+    cpu::adam_step({count, adam.params.data(), adam.grads.data(), cpu::DType::f32,
+                    adam.exp_avg.data(), adam.exp_avg_sq.data()},
+                   config);
+  };
+  step();  // warm
+  std::vector<double> millis;
+  for (auto _ : state) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const auto start = std::chrono::steady_clock::now();
+    step();
+    millis.push_back(seconds_since(start) * 1e3);
+  }
+  state.counters[metric_counter("cpu_adam_after_idle_ms", "ms")] = median(millis);
+}
+BENCHMARK(BM_SpillwayAdamAfterIdle)->Iterations(7)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // Table only: one ISA variant, fp32, kTableParams (registered in main for the
 // variants this CPU supports).

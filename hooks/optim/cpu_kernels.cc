@@ -15,8 +15,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
-#include <thread>
 #include <vector>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 
 #include "hooks/optim/cpu_kernel_internal.h"
 
@@ -68,34 +71,121 @@ const detail::KernelTable& kernels_for(Isa isa) {
   return detail::scalar_kernel_table();
 }
 
-int thread_count_for(std::size_t count, int requested) {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int wanted = requested > 0 ? requested : cores;
+// Note [Kernel threads]
+// A call is split into at most one range per kMinElementsPerThread elements
+// and runs them on a pool that outlives the call, so no thread is started per
+// call and none has to be woken on a cold core after the caller idled (a
+// std::thread per call was reported to cost ~6 ms after 10-50 ms idle). The pool is the
+// caller's ExecConfig::parallel_for (the torch bridge passes torch's intra-op
+// pool, at::parallel_for: torch.set_num_threads and OMP_NUM_THREADS size it,
+// and it is the only OpenMP runtime such a process then starts), else
+// OpenMP's. Thread counts come from the pool (omp_get_max_threads reads an
+// internal variable): no system call per call.
+// Pinning: the pool's threads are created once, with the affinity of the
+// process (libgomp's default size is the number of CPUs in the process's
+// mask), not of whichever thread later calls; under OMP_PROC_BIND, OpenMP
+// binds each team thread to its own place (proc_bind), where the std::threads
+// this replaced inherited the main thread's one-core binding. So a caller
+// pinned to one core after the first parallel call still has its ranges run
+// on the other cores (KernelPool.ThreadCountsAndAPinnedCallerGiveTheSameBits in
+// tests/optim/cpu_kernels_test.cc). A thread pinned before the pool's first
+// parallel call passes its mask on to the threads OpenMP then creates.
+// The range boundaries depend on the number of ranges only, and any split
+// gives the same bits (Note [Deterministic reductions]).
+
+#if defined(_OPENMP)
+// Note [OpenMP under TSan]
+// libgomp is not built with TSan, so TSan does not see that its fork and
+// join order the team's work after the caller's writes and the caller's
+// reads after the team's work, and reports races on everything shared. The
+// annotations below state exactly those two edges (and nothing else, so races
+// between the ranges are still reported) instead of suppressing reports that
+// pass through libgomp. openmp_run's own accesses (the shared-variable block
+// GCC hands the team, written after the release can be placed) are not
+// instrumented; the tasks it calls are.
+#if defined(__SANITIZE_THREAD__)
+extern "C" void __tsan_acquire(void* address);
+extern "C" void __tsan_release(void* address);
+void tsan_acquire(void* address) { __tsan_acquire(address); }
+void tsan_release(void* address) { __tsan_release(address); }
+#else
+void tsan_acquire(void*) {}
+void tsan_release(void*) {}
+#endif
+
+__attribute__((no_sanitize_thread)) void openmp_run(int tasks, void* context, TaskFunction task) {
+  int fork = 0, join = 0;  // TSan sync addresses only
+  tsan_release(&fork);
+  // An explicit team size: the ranges were counted for it. A nested call (from
+  // inside another parallel region) gets a team of one, which runs them all.
+#pragma omp parallel num_threads(tasks)
+  {
+    tsan_acquire(&fork);
+    const int team = omp_get_num_threads();
+    for (int index = omp_get_thread_num(); index < tasks; index += team) task(context, index);
+    tsan_release(&join);
+  }
+  tsan_acquire(&join);
+}
+int openmp_max_threads() { return omp_get_max_threads(); }
+constexpr ParallelFor kDefaultPool{&openmp_run, &openmp_max_threads};
+constexpr const char* kDefaultPoolName = "openmp";
+#else
+void calling_thread_run(int tasks, void* context, TaskFunction task) {
+  for (int index = 0; index < tasks; ++index) task(context, index);
+}
+int one_thread() { return 1; }
+constexpr ParallelFor kDefaultPool{&calling_thread_run, &one_thread};
+constexpr const char* kDefaultPoolName = "calling thread";
+#endif
+
+const ParallelFor& pool_for(const ExecConfig& exec) {
+  return exec.parallel_for.run != nullptr ? exec.parallel_for : kDefaultPool;
+}
+
+// How many ranges to split count elements into.
+int thread_count_for(std::size_t count, const ExecConfig& exec) {
   const std::size_t useful = std::max<std::size_t>(1, count / kMinElementsPerThread);
+  if (useful == 1) return 1;  // small calls ask the pool nothing
+  const ParallelFor& pool = pool_for(exec);
+  const int wanted = exec.num_threads > 0          ? exec.num_threads
+                     : pool.max_threads != nullptr ? std::max(1, pool.max_threads())
+                                                   : 1;
   return static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(wanted), useful));
 }
 
-// Calls range_fn(begin, end) on `threads` disjoint ranges covering [0, count),
-// the last on the calling thread. Threads are started per call: at the sizes
-// that use them (>= 64K elements each) that costs well under 1% of the work.
+// The start of range t of `ranges` over [0, count).
+std::size_t range_boundary(std::size_t count, int ranges, int t) {
+  if (t == ranges) return count;
+  const std::size_t raw = count / static_cast<std::size_t>(ranges) * static_cast<std::size_t>(t);
+  return raw / kSplitAlignment * kSplitAlignment;
+}
+
+// Calls range_fn(begin, end) on disjoint ranges covering [0, count), on the
+// pool (Note [Kernel threads]); as many ranges as `work` elements are worth.
 template <class RangeFn>
-void for_each_range(std::size_t count, int threads, const RangeFn& range_fn) {
-  if (threads <= 1) {
+void for_each_range(std::size_t count, std::size_t work, const ExecConfig& exec,
+                    const RangeFn& range_fn) {
+  const int ranges = thread_count_for(work, exec);
+  if (ranges <= 1) {
     range_fn(std::size_t{0}, count);
     return;
   }
-  std::vector<std::thread> workers;
-  workers.reserve(static_cast<std::size_t>(threads) - 1);
-  auto boundary = [&](int t) {
-    if (t == threads) return count;
-    const std::size_t raw = count / static_cast<std::size_t>(threads) * static_cast<std::size_t>(t);
-    return raw / kSplitAlignment * kSplitAlignment;
+  struct Context {
+    std::size_t count;
+    int ranges;
+    const RangeFn* range_fn;
+  } context{count, ranges, &range_fn};
+  const TaskFunction task = [](void* opaque, int t) {
+    const Context& c = *static_cast<const Context*>(opaque);
+    (*c.range_fn)(range_boundary(c.count, c.ranges, t), range_boundary(c.count, c.ranges, t + 1));
   };
-  for (int t = 0; t + 1 < threads; ++t) {
-    workers.emplace_back([&, t] { range_fn(boundary(t), boundary(t + 1)); });
-  }
-  range_fn(boundary(threads - 1), count);
-  for (std::thread& worker : workers) worker.join();
+  pool_for(exec).run(ranges, &context, task);
+}
+
+template <class RangeFn>
+void for_each_range(std::size_t count, const ExecConfig& exec, const RangeFn& range_fn) {
+  for_each_range(count, count, exec, range_fn);
 }
 
 }  // namespace
@@ -189,6 +279,8 @@ Isa best_isa() {
   return best;
 }
 
+const char* default_pool_name() { return kDefaultPoolName; }
+
 std::uint16_t float_to_bf16(float value) { return detail::portable_float_to_bf16(value); }
 float bf16_to_float(std::uint16_t bits) { return detail::portable_bf16_to_float(bits); }
 std::uint16_t float_to_f16(float value) { return detail::portable_float_to_f16(value); }
@@ -197,19 +289,17 @@ float f16_to_float(std::uint16_t bits) { return detail::portable_f16_to_float(bi
 void convert_from_float(const float* source, void* destination, DType destination_dtype,
                         std::size_t count, const ExecConfig& exec) {
   const detail::KernelTable& kernels = kernels_for(exec.isa);
-  for_each_range(count, thread_count_for(count, exec.num_threads),
-                 [&](std::size_t begin, std::size_t end) {
-                   kernels.from_float(source, destination, destination_dtype, begin, end);
-                 });
+  for_each_range(count, exec, [&](std::size_t begin, std::size_t end) {
+    kernels.from_float(source, destination, destination_dtype, begin, end);
+  });
 }
 
 void convert_to_float(const void* source, DType source_dtype, float* destination, std::size_t count,
                       const ExecConfig& exec) {
   const detail::KernelTable& kernels = kernels_for(exec.isa);
-  for_each_range(count, thread_count_for(count, exec.num_threads),
-                 [&](std::size_t begin, std::size_t end) {
-                   kernels.to_float(source, source_dtype, destination, begin, end);
-                 });
+  for_each_range(count, exec, [&](std::size_t begin, std::size_t end) {
+    kernels.to_float(source, source_dtype, destination, begin, end);
+  });
 }
 
 GradStats grad_stats(const void* grads, DType grad_dtype, std::size_t count,
@@ -218,8 +308,7 @@ GradStats grad_stats(const void* grads, DType grad_dtype, std::size_t count,
   const std::size_t blocks = (count + kReductionBlock - 1) / kReductionBlock;
   std::vector<double> block_sums(blocks, 0.0);
   // Threads take whole blocks (Note [Deterministic reductions]).
-  const int threads = thread_count_for(count, exec.num_threads);
-  for_each_range(blocks * kSplitAlignment, threads, [&](std::size_t begin, std::size_t end) {
+  for_each_range(blocks * kSplitAlignment, count, exec, [&](std::size_t begin, std::size_t end) {
     for (std::size_t block = begin / kSplitAlignment; block < end / kSplitAlignment; ++block) {
       const std::size_t first = block * kReductionBlock;
       const std::size_t last = std::min(count, first + kReductionBlock);
@@ -242,18 +331,18 @@ void adam_step(const AdamArrays& arrays, const AdamConfig& config, const ExecCon
   if (arrays.count == 0) return;
   const detail::KernelTable& kernels = kernels_for(exec.isa);
   const detail::AdamScalars scalars = detail::adam_scalars(config);
-  for_each_range(
-      arrays.count, thread_count_for(arrays.count, exec.num_threads),
-      [&](std::size_t begin, std::size_t end) { kernels.adam(arrays, scalars, begin, end); });
+  for_each_range(arrays.count, exec, [&](std::size_t begin, std::size_t end) {
+    kernels.adam(arrays, scalars, begin, end);
+  });
 }
 
 void sgd_step(const SgdArrays& arrays, const SgdConfig& config, const ExecConfig& exec) {
   if (arrays.count == 0) return;
   const detail::KernelTable& kernels = kernels_for(exec.isa);
   const detail::SgdScalars scalars = detail::sgd_scalars(config);
-  for_each_range(
-      arrays.count, thread_count_for(arrays.count, exec.num_threads),
-      [&](std::size_t begin, std::size_t end) { kernels.sgd(arrays, scalars, begin, end); });
+  for_each_range(arrays.count, exec, [&](std::size_t begin, std::size_t end) {
+    kernels.sgd(arrays, scalars, begin, end);
+  });
 }
 
 }  // namespace spillway::optim::cpu

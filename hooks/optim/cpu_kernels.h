@@ -18,9 +18,12 @@
 //   at run time with __builtin_cpu_supports. All variants give bit-identical
 //   results: only correctly rounded operations (add, mul, div, sqrt, fma) are
 //   used and contraction is off.
-// - Threads: large arrays are split over all cores (std::thread per call; a
-//   split never changes a result, see Note [Deterministic reductions]).
-// - No torch, no OpenMP: standard library only.
+// - Threads: large arrays are split over a persistent pool (a split never
+//   changes a result, see Note [Deterministic reductions]): the caller's
+//   ParallelFor (the torch bridge passes one on at::parallel_for), else
+//   OpenMP's (or the calling thread alone where OpenMP is not found). Note
+//   [Kernel threads] in cpu_kernels.cc.
+// - No torch: the standard library, and OpenMP where it is found.
 #pragma once
 
 #include <cstddef>
@@ -50,11 +53,31 @@ bool isa_supported(Isa isa);
 // in the environment caps it (read once, at first use).
 Isa best_isa();
 
+// A thread pool the kernels split a call over (the caller's: torch's, say).
+// run(tasks, context, task) calls task(context, i) once for each i in
+// [0, tasks), from up to `tasks` threads at once, the calling thread among
+// them, and returns when every call has returned; tasks never throw.
+// max_threads() is the number of threads it runs on (what num_threads = 0
+// asks for); it is called once per kernel call, so it must be cheap.
+using TaskFunction = void (*)(void* context, int index);
+struct ParallelFor {
+  void (*run)(int tasks, void* context, TaskFunction task) = nullptr;
+  int (*max_threads)() = nullptr;
+};
+
 // How a kernel runs; results never depend on it.
 struct ExecConfig {
   Isa isa = Isa::automatic;
-  int num_threads = 0;  // 0: all cores (std::thread::hardware_concurrency)
+  // 0: parallel_for.max_threads(), or without one OpenMP's omp_get_max_threads()
+  // (OMP_NUM_THREADS, else the cores this process may use).
+  int num_threads = 0;
+  // Both null: OpenMP's pool (the calling thread alone where spillway was
+  // built without OpenMP). Either both set or both null.
+  ParallelFor parallel_for = {};
 };
+
+// The pool that ExecConfig{} runs on: "openmp" or "calling thread".
+const char* default_pool_name();
 
 // --- Conversions (round to nearest even; NaN stays NaN, quiet) ---
 

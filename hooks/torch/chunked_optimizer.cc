@@ -41,6 +41,7 @@
 #include "hooks/torch/client_names.h"
 #include "hooks/torch/optim.h"
 #include "hooks/torch/spillway_torch.h"
+#include "hooks/torch/torch_parallel_for.h"
 
 namespace spillway::optim {
 
@@ -268,7 +269,7 @@ void ChunkedOptimizer::place_all() {
         static_cast<float*>(host.acquire(record->master, AccessMode::read_write, WaitMode::host));
     if (param == nullptr || master == nullptr)
       throw chunk_failure("initialising the master copy of " + record->label);
-    cpu::convert_to_float(param, record->dtype, master, record->count);
+    cpu::convert_to_float(param, record->dtype, master, record->count, torch_exec_config());
     record->master_ready = true;
   }
 }
@@ -417,8 +418,8 @@ GradientSummary ChunkedOptimizer::gradient_summary(double grad_scale) {
       Acquisitions access(chunks, /*on_host=*/!in_place, Stream{});
       const void* data = access.acquire(id, AccessMode::read, WaitMode::host);
       if (data == nullptr) throw chunk_failure("reading the gradient of " + record->label);
-      const cpu::GradStats stats =
-          cpu::grad_stats(data, kernel_dtype(grad.scalar_type(), "a gradient"), record->count);
+      const cpu::GradStats stats = cpu::grad_stats(
+          data, kernel_dtype(grad.scalar_type(), "a gradient"), record->count, torch_exec_config());
       sum_squares += stats.sum_squares;
       found_inf = found_inf || stats.found_inf;
     }
@@ -488,7 +489,8 @@ void ChunkedOptimizer::set_param_state(const torch::Tensor& param, const ParamSt
     Acquisitions host(chunks, /*on_host=*/true, Stream{});
     void* low = host.acquire(record->managed->param_id, AccessMode::read_write, WaitMode::host);
     if (low == nullptr) throw chunk_failure("writing " + record->label);
-    cpu::convert_from_float(master.data_ptr<float>(), low, record->dtype, record->count);
+    cpu::convert_from_float(master.data_ptr<float>(), low, record->dtype, record->count,
+                            torch_exec_config());
   }
   record->step = state.step;
   record->state_started = state.started;

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "hooks/torch/optim.h"
+#include "hooks/torch/torch_parallel_for.h"
 #include "hooks/torch/torch_sqrt.h"
 #if SPILLWAY_HAVE_OPTIM_CUDA
 #include "hooks/optim/cuda_kernels.h"
@@ -92,7 +93,7 @@ static void run_adam(const Options& o, bool decoupled, bool first_moment_by_lerp
                      const cpu::AdamArrays& arrays, std::int64_t step, float grad_scale, bool cuda,
                      void* stream) {
   const cpu::AdamConfig config = adam_config(o, decoupled, first_moment_by_lerp, step, grad_scale);
-  if (!cuda) return cpu::adam_step(arrays, config);
+  if (!cuda) return cpu::adam_step(arrays, config, torch_exec_config());
 #if SPILLWAY_HAVE_OPTIM_CUDA
   launch(&cuda::adam_step, arrays, config, stream);
 #else
@@ -188,7 +189,7 @@ void SGD::run_update(const torch::optim::OptimizerOptions& options, const Update
   config.grad_scale = u.grad_scale;
   const cpu::SgdArrays arrays{u.count,    u.params,     u.grads,           u.grad_dtype,
                               u.state[0], u.params_low, u.params_low_dtype};
-  if (target == Target::cpu) return cpu::sgd_step(arrays, config);
+  if (target == Target::cpu) return cpu::sgd_step(arrays, config, torch_exec_config());
 #if SPILLWAY_HAVE_OPTIM_CUDA
   launch(&cuda::sgd_step, arrays, config, cuda_stream);
 #else

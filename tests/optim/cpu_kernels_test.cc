@@ -3,13 +3,20 @@
 // order]) and against a plain double-precision reference; odd lengths and
 // unaligned pointers; threads vs one thread (bit for bit); SGD variants; the
 // gradient statistics behind loss scaling and clipping.
+#include <sched.h>
+
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <random>
+#include <set>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -350,7 +357,7 @@ TEST_P(KernelIsa, SgdMatchesDoubleReference) {
 
 TEST_P(KernelIsa, ThreadsGiveTheSameBitsAsOneThread) {
   const std::size_t count = (std::size_t{1} << 20) + 13;
-  for (int threads : {2, 3, 7}) {
+  for (int threads : {0, 2, 3, 5, 7}) {
     TestArrays one(count, DType::bf16, 1, 42), many(count, DType::bf16, 1, 42);
     std::vector<std::uint16_t> one_low(count), many_low(count);
     for (std::int64_t step = 1; step <= 2; ++step) {
@@ -374,10 +381,137 @@ TEST_P(KernelIsa, ThreadsGiveTheSameBitsAsOneThread) {
 INSTANTIATE_TEST_SUITE_P(Isas, KernelIsa, ::testing::Values(Isa::scalar, Isa::avx2, Isa::avx512),
                          [](const auto& info) { return isa_test_name(info.param); });
 
+// --- The pool (Note [Kernel threads]) ---
+
+// AdamConfig::sqrt runs inside each range, on the thread running it: a
+// correctly rounded one (the fused path's bits) that records those threads
+// and the CPUs each may run on shows who ran a call.
+struct RangeThreads {
+  std::mutex mutex;
+  std::set<std::thread::id> ids;
+  std::set<int> allowed_cpus;
+  void clear() {
+    std::lock_guard<std::mutex> lock(mutex);
+    ids.clear();
+    allowed_cpus.clear();
+  }
+};
+RangeThreads range_threads;
+
+void recording_sqrt(const float* in, float* out, std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i) out[i] = std::sqrt(in[i]);
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  sched_getaffinity(0, sizeof(mask), &mask);  // 0: the calling thread
+  std::lock_guard<std::mutex> lock(range_threads.mutex);
+  range_threads.ids.insert(std::this_thread::get_id());
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &mask)) range_threads.allowed_cpus.insert(cpu);
+  }
+}
+
+// Pins the calling thread to the first CPU it may use, as OMP_PROC_BIND or
+// taskset on the main thread would; restores its mask when it goes.
+class PinCallingThread {
+ public:
+  PinCallingThread() {
+    CPU_ZERO(&saved_);
+    sched_getaffinity(0, sizeof(saved_), &saved_);
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+      if (CPU_ISSET(cpu, &saved_)) {
+        CPU_SET(cpu, &one);
+        break;
+      }
+    }
+    pinned_ = sched_setaffinity(0, sizeof(one), &one) == 0;
+  }
+  ~PinCallingThread() { sched_setaffinity(0, sizeof(saved_), &saved_); }
+  PinCallingThread(const PinCallingThread&) = delete;
+  PinCallingThread& operator=(const PinCallingThread&) = delete;
+  bool pinned() const { return pinned_; }
+  int cpus_before() const { return CPU_COUNT(&saved_); }
+
+ private:
+  cpu_set_t saved_;
+  bool pinned_ = false;
+};
+
+TEST(KernelPool, ThreadCountsAndAPinnedCallerGiveTheSameBits) {
+  const std::size_t count = 5 * (std::size_t{1} << 16) + 4099;  // up to 5 ranges
+  TestArrays reference(count, DType::bf16, 1, 11);
+  for (std::int64_t step = 1; step <= 3; ++step) {
+    adam_step(reference.adam(), adam_config(true, step), {Isa::automatic, 1});
+  }
+  const GradStats reference_stats =
+      grad_stats(reference.g(), DType::bf16, count, {Isa::automatic, 1});
+  struct Case {
+    int threads;
+    bool pinned;
+  };
+  // Unpinned first: the pool's threads are created with the process's CPUs.
+  for (const Case c : {Case{0, false}, Case{2, false}, Case{5, false}, Case{2, true}, Case{5, true},
+                       Case{0, true}}) {
+    SCOPED_TRACE(testing::Message() << "threads " << c.threads << (c.pinned ? ", pinned" : ""));
+    std::unique_ptr<PinCallingThread> pin;
+    if (c.pinned) {
+      pin = std::make_unique<PinCallingThread>();
+      ASSERT_TRUE(pin->pinned());
+    }
+    range_threads.clear();
+    TestArrays tested(count, DType::bf16, 1, 11);
+    for (std::int64_t step = 1; step <= 3; ++step) {
+      AdamConfig config = adam_config(true, step);
+      config.sqrt = &recording_sqrt;
+      adam_step(tested.adam(), config, {Isa::automatic, c.threads});
+    }
+    expect_same_bits(tested.params, reference.params, "params");
+    expect_same_bits(tested.exp_avg, reference.exp_avg, "exp_avg");
+    expect_same_bits(tested.exp_avg_sq, reference.exp_avg_sq, "exp_avg_sq");
+    const GradStats stats = grad_stats(tested.g(), DType::bf16, count, {Isa::automatic, c.threads});
+    EXPECT_EQ(std::memcmp(&stats.sum_squares, &reference_stats.sum_squares, sizeof(double)), 0);
+    if (c.pinned && c.threads > 1 && std::string(default_pool_name()) == "openmp") {
+      // More than one thread ran the ranges, and not all on the caller's core.
+      EXPECT_GT(range_threads.ids.size(), 1u);
+      if (pin->cpus_before() > 1) EXPECT_GT(range_threads.allowed_cpus.size(), 1u);
+      std::printf("pinned caller, %d threads asked: %zu threads ran, allowed %zu CPUs\n", c.threads,
+                  range_threads.ids.size(), range_threads.allowed_cpus.size());
+    }
+  }
+}
+
+// A caller's ParallelFor: one task per range, as many ranges as its
+// max_threads when num_threads is 0; order does not matter.
+std::atomic<int> reversed_pool_tasks{0};
+void reversed_run(int tasks, void* context, TaskFunction task) {
+  reversed_pool_tasks += tasks;
+  for (int index = tasks - 1; index >= 0; --index) task(context, index);
+}
+
+TEST(KernelPool, RunsOnTheCallersParallelFor) {
+  const std::size_t count = 5 * (std::size_t{1} << 16) + 4099;
+  TestArrays reference(count, DType::f32, 0, 5), tested(count, DType::f32, 0, 5);
+  ExecConfig exec;
+  exec.parallel_for = {&reversed_run, [] { return 3; }};
+  reversed_pool_tasks = 0;
+  adam_step(reference.adam(), adam_config(false, 1), {Isa::automatic, 1});
+  adam_step(tested.adam(), adam_config(false, 1), exec);
+  EXPECT_EQ(reversed_pool_tasks.load(), 3);
+  expect_same_bits(tested.params, reference.params, "params");
+  exec.num_threads = 5;
+  reversed_pool_tasks = 0;
+  const GradStats stats = grad_stats(tested.g(), DType::f32, count, exec);
+  EXPECT_EQ(reversed_pool_tasks.load(), 5);
+  const GradStats one = grad_stats(tested.g(), DType::f32, count, {Isa::automatic, 1});
+  EXPECT_EQ(std::memcmp(&stats.sum_squares, &one.sum_squares, sizeof(double)), 0);
+}
+
 TEST(KernelDispatch, BestIsaIsSupportedAndNamed) {
   EXPECT_TRUE(isa_supported(best_isa()));
   EXPECT_NE(best_isa(), Isa::automatic);
-  std::printf("best CPU optimizer ISA here: %s\n", isa_name(best_isa()));
+  std::printf("best CPU optimizer ISA here: %s, default pool %s\n", isa_name(best_isa()),
+              default_pool_name());
 }
 
 }  // namespace

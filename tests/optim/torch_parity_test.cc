@@ -7,11 +7,18 @@
 //   moments are bit-identical (when they do not depend on the parameters) and
 //   each parameter stays within the bound that torch's square root explains
 //   (Note [Square roots from torch] in hooks/optim/cpu_kernel_loops.inc).
+#include <ATen/Parallel.h>
+#include <sched.h>
 #include <torch/torch.h>
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <set>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -19,6 +26,7 @@
 #include <gtest/gtest.h>
 
 #include "hooks/optim/cpu_kernels.h"
+#include "hooks/torch/torch_parallel_for.h"
 #include "hooks/torch/torch_sqrt.h"
 
 namespace spillway::optim::cpu {
@@ -213,6 +221,130 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(std::get<0>(info.param).name) + "_" + isa_name(std::get<1>(info.param)) +
              "_" + sqrt_source_name(std::get<2>(info.param));
     });
+
+// --- The same bits at any thread count, on either pool, pinned or not ---
+
+// torch's square root, recording the threads that ran the ranges (it is
+// called inside each range, on the thread running it).
+std::mutex range_threads_mutex;
+std::set<std::thread::id> range_threads;
+void recording_torch_sqrt(const float* in, float* out, std::size_t count) {
+  torch_sqrt(in, out, count);
+  std::lock_guard<std::mutex> lock(range_threads_mutex);
+  range_threads.insert(std::this_thread::get_id());
+}
+
+// Pins the calling thread to the first CPU it may use (as OMP_PROC_BIND or
+// taskset on the main thread would); restores its mask when it goes.
+class PinCallingThread {
+ public:
+  PinCallingThread() {
+    CPU_ZERO(&saved_);
+    sched_getaffinity(0, sizeof(saved_), &saved_);
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+      if (CPU_ISSET(cpu, &saved_)) {
+        CPU_SET(cpu, &one);
+        break;
+      }
+    }
+    pinned_ = sched_setaffinity(0, sizeof(one), &one) == 0;
+  }
+  ~PinCallingThread() { sched_setaffinity(0, sizeof(saved_), &saved_); }
+  PinCallingThread(const PinCallingThread&) = delete;
+  PinCallingThread& operator=(const PinCallingThread&) = delete;
+  bool pinned() const { return pinned_; }
+
+ private:
+  cpu_set_t saved_;
+  bool pinned_ = false;
+};
+
+class TorchAdamParityAcrossThreads : public ::testing::TestWithParam<AdamCase> {};
+
+TEST_P(TorchAdamParityAcrossThreads, BitIdenticalOnEveryPoolAndThreadCount) {
+  const AdamCase& c = GetParam();
+  constexpr std::int64_t kCount = 5 * (std::int64_t{1} << 16) + 4099;  // up to 5 ranges
+  constexpr int kParitySteps = 10;
+  struct Run {
+    const char* name;
+    ExecConfig exec;
+    bool pinned;
+    std::vector<float> params, exp_avg, exp_avg_sq;
+  };
+  ExecConfig on_torch = torch_exec_config();
+  ExecConfig on_torch_5 = on_torch;
+  on_torch_5.num_threads = 5;
+  // Unpinned first: the pools' threads are created with the process's CPUs.
+  std::vector<Run> runs{{"default pool, 1 thread", {Isa::automatic, 1}, false},
+                        {"default pool, 2 threads", {Isa::automatic, 2}, false},
+                        {"default pool, 5 threads", {Isa::automatic, 5}, false},
+                        {"default pool, all threads", {Isa::automatic, 0}, false},
+                        {"torch pool, all threads", on_torch, false},
+                        {"torch pool, 5 ranges", on_torch_5, false},
+                        {"default pool, 5 threads, caller pinned", {Isa::automatic, 5}, true},
+                        {"torch pool, 5 ranges, caller pinned", on_torch_5, true}};
+  torch::manual_seed(3);
+  torch::Tensor param = torch::randn({kCount});
+  for (Run& run : runs) {
+    run.params.assign(param.data_ptr<float>(), param.data_ptr<float>() + kCount);
+    run.exp_avg.assign(kCount, 0.0f);
+    run.exp_avg_sq.assign(kCount, 0.0f);
+  }
+  param.set_requires_grad(true);
+  std::unique_ptr<torch::optim::Optimizer> torch_optimizer;
+  if (c.adamw) {
+    torch_optimizer = std::make_unique<torch::optim::AdamW>(
+        std::vector<torch::Tensor>{param},
+        torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
+  } else {
+    torch_optimizer = std::make_unique<torch::optim::Adam>(
+        std::vector<torch::Tensor>{param},
+        torch::optim::AdamOptions(c.lr).weight_decay(c.weight_decay));
+  }
+  for (int step = 1; step <= kParitySteps; ++step) {
+    const torch::Tensor grad = torch::randn({kCount}) * 0.1;
+    param.mutable_grad() = grad.clone();
+    torch_optimizer->step();
+    AdamConfig config;
+    config.lr = c.lr;
+    config.weight_decay = c.weight_decay;
+    config.decoupled_weight_decay = c.adamw;
+    config.step = step;
+    config.sqrt = &recording_torch_sqrt;
+    for (Run& run : runs) {
+      SCOPED_TRACE(testing::Message() << run.name << ", step " << step);
+      std::unique_ptr<PinCallingThread> pin;
+      if (run.pinned) {
+        pin = std::make_unique<PinCallingThread>();
+        ASSERT_TRUE(pin->pinned());
+      }
+      range_threads.clear();
+      adam_step({static_cast<std::size_t>(kCount), run.params.data(), grad.data_ptr<float>(),
+                 DType::f32, run.exp_avg.data(), run.exp_avg_sq.data()},
+                config, run.exec);
+      pin.reset();
+      const std::int64_t differing = compare(run.params.data(), param.detach()).differing;
+      EXPECT_EQ(differing, 0);
+      const bool pool_has_threads = run.exec.parallel_for.run != nullptr
+                                        ? at::get_num_threads() > 1
+                                        : std::string(default_pool_name()) == "openmp";
+      if (run.pinned && pool_has_threads) {
+        EXPECT_GT(range_threads.size(), 1u) << "a pinned caller ran every range itself";
+      }
+      if (step == kParitySteps) {
+        std::printf("%s, %s: %lld elements differ from torch, last step on %zu threads\n", c.name,
+                    run.name, static_cast<long long>(differing), range_threads.size());
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, TorchAdamParityAcrossThreads,
+                         ::testing::Values(AdamCase{"AdamL2", false, 1e-3, 1e-2},
+                                           AdamCase{"AdamW", true, 1e-3, 1e-2}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 // torch.optim.Adam / AdamW (Python, torch 2.x) as tensor ops: _single_tensor_adam
 // updates exp_avg with lerp_. With first_moment_by_lerp and torch's square
