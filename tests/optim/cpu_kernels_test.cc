@@ -23,6 +23,7 @@
 #include <gtest/gtest.h>
 
 #include "hooks/optim/cpu_kernels.h"
+#include "tests/optim/pin_calling_thread.h"
 
 namespace spillway::optim::cpu {
 namespace {
@@ -409,34 +410,6 @@ void recording_sqrt(const float* in, float* out, std::size_t count) {
     if (CPU_ISSET(cpu, &mask)) range_threads.allowed_cpus.insert(cpu);
   }
 }
-
-// Pins the calling thread to the first CPU it may use, as OMP_PROC_BIND or
-// taskset on the main thread would; restores its mask when it goes.
-class PinCallingThread {
- public:
-  PinCallingThread() {
-    CPU_ZERO(&saved_);
-    sched_getaffinity(0, sizeof(saved_), &saved_);
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-      if (CPU_ISSET(cpu, &saved_)) {
-        CPU_SET(cpu, &one);
-        break;
-      }
-    }
-    pinned_ = sched_setaffinity(0, sizeof(one), &one) == 0;
-  }
-  ~PinCallingThread() { sched_setaffinity(0, sizeof(saved_), &saved_); }
-  PinCallingThread(const PinCallingThread&) = delete;
-  PinCallingThread& operator=(const PinCallingThread&) = delete;
-  bool pinned() const { return pinned_; }
-  int cpus_before() const { return CPU_COUNT(&saved_); }
-
- private:
-  cpu_set_t saved_;
-  bool pinned_ = false;
-};
 
 TEST(KernelPool, ThreadCountsAndAPinnedCallerGiveTheSameBits) {
   const std::size_t count = 5 * (std::size_t{1} << 16) + 4099;  // up to 5 ranges

@@ -28,6 +28,7 @@
 #include "hooks/optim/cpu_kernels.h"
 #include "hooks/torch/torch_parallel_for.h"
 #include "hooks/torch/torch_sqrt.h"
+#include "tests/optim/pin_calling_thread.h"
 
 namespace spillway::optim::cpu {
 namespace {
@@ -233,33 +234,6 @@ void recording_torch_sqrt(const float* in, float* out, std::size_t count) {
   std::lock_guard<std::mutex> lock(range_threads_mutex);
   range_threads.insert(std::this_thread::get_id());
 }
-
-// Pins the calling thread to the first CPU it may use (as OMP_PROC_BIND or
-// taskset on the main thread would); restores its mask when it goes.
-class PinCallingThread {
- public:
-  PinCallingThread() {
-    CPU_ZERO(&saved_);
-    sched_getaffinity(0, sizeof(saved_), &saved_);
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-      if (CPU_ISSET(cpu, &saved_)) {
-        CPU_SET(cpu, &one);
-        break;
-      }
-    }
-    pinned_ = sched_setaffinity(0, sizeof(one), &one) == 0;
-  }
-  ~PinCallingThread() { sched_setaffinity(0, sizeof(saved_), &saved_); }
-  PinCallingThread(const PinCallingThread&) = delete;
-  PinCallingThread& operator=(const PinCallingThread&) = delete;
-  bool pinned() const { return pinned_; }
-
- private:
-  cpu_set_t saved_;
-  bool pinned_ = false;
-};
 
 class TorchAdamParityAcrossThreads : public ::testing::TestWithParam<AdamCase> {};
 
