@@ -184,6 +184,7 @@ bool Runtime::build() {
 Stats Runtime::stats() const {
   Stats stats = owned_allocator_->stats();
   chunk_manager_->stats().add_to(&stats);
+  stats.min_budget_bytes = static_cast<std::int64_t>(chunk_manager_->min_budget_bytes());
   return stats;
 }
 

@@ -29,6 +29,13 @@ enum class TraceEventKind : std::uint8_t {
   op_end = 13,         // ... and ends; size: its duration in nanoseconds
   chunk_access = 14,   // a tensor of the chunk acquired on the device; size: the TensorId
   chunk_release = 15,  // ... and released; size: the TensorId
+  // Format version 4: pressure that spilling resolved, and budget overruns.
+  // An allocator event: an allocation satisfied only after the chunk manager
+  // evicted chunks for it; address: the block, size: the bytes asked.
+  spill_for_allocation = 16,
+  // A chunk event: a chunk made resident past the budget because an op must
+  // have it and nothing could be evicted; size: the bytes over the budget.
+  budget_overrun = 17,
 };
 
 // TraceEvent::detail of chunk_fetch and chunk_drop.
@@ -41,7 +48,8 @@ inline constexpr std::uint16_t kTraceDetailReadWrite = 2;
 // The largest kind each format version knows.
 inline constexpr TraceEventKind kLastTraceEventKindV1 = TraceEventKind::oom;
 inline constexpr TraceEventKind kLastTraceEventKindV2 = TraceEventKind::step;
-inline constexpr TraceEventKind kLastTraceEventKind = TraceEventKind::chunk_release;
+inline constexpr TraceEventKind kLastTraceEventKindV3 = TraceEventKind::chunk_release;
+inline constexpr TraceEventKind kLastTraceEventKind = TraceEventKind::budget_overrun;
 
 struct TraceEvent {
   std::uint64_t time_ns = 0;  // Device::now_ns()

@@ -1,4 +1,4 @@
-// Trace file (versions 1 to 3): writer and validating reader. Layout: trace_file.h
+// Trace file (versions 1 to 4): writer and validating reader. Layout: trace_file.h
 // and docs/trace-format.md (keep the two in step with the offsets below and
 // in trace_record_layout.h).
 #include "tracer/trace_file.h"
@@ -127,13 +127,15 @@ void encode_event(unsigned char* out, const TraceEvent& e) {
 bool is_event_kind_of_version(std::uint64_t kind, std::uint64_t version) {
   const TraceEventKind last = version == 1   ? kLastTraceEventKindV1
                               : version == 2 ? kLastTraceEventKindV2
+                              : version == 3 ? kLastTraceEventKindV3
                                              : kLastTraceEventKind;
   return kind >= 1 && kind <= static_cast<std::uint64_t>(last);
 }
 
 // Allocator events carry no detail or client, in any version.
 bool is_allocator_event_kind(std::uint64_t kind) {
-  return kind <= static_cast<std::uint64_t>(kLastTraceEventKindV1);
+  return kind <= static_cast<std::uint64_t>(kLastTraceEventKindV1) ||
+         kind == static_cast<std::uint64_t>(TraceEventKind::spill_for_allocation);
 }
 
 std::string hex32(std::uint64_t v) {

@@ -1,4 +1,4 @@
-// Trace file, format version 3: the binary file behind the `trace` option,
+// Trace file, format version 4: the binary file behind the `trace` option,
 // read by spillway-replay and spillway-report. Layout in docs/trace-format.md.
 //
 // Design summary:
@@ -17,8 +17,9 @@
 //  - Version 2 added chunk moves, stalls and step boundaries (new kinds, and
 //    the record's two reserved fields became `detail` and `client`).
 //    Version 3 added op begin/end, chunk access/release and op-name records
-//    (Note [Op events] in op_tracer.h; op_name_records.h). The writer writes
-//    version 3; the reader reads 1 to 3, checking each record's kind against
+//    (Note [Op events] in op_tracer.h; op_name_records.h). Version 4 added
+//    spill_for_allocation and budget_overrun. The writer writes version 4;
+//    the reader reads 1 to 4, checking each record's kind against
 //    its file's version and version 3's records for coherence (names defined
 //    before use, ops closed by their own op_end), and rejects newer versions
 //    by number.
@@ -40,7 +41,7 @@
 namespace spillway {
 
 inline constexpr char kTraceMagic[8] = {'S', 'P', 'W', 'T', 'R', 'A', 'C', 'E'};
-inline constexpr std::uint32_t kTraceFormatVersion = 3;        // what the writer writes
+inline constexpr std::uint32_t kTraceFormatVersion = 4;        // what the writer writes
 inline constexpr std::uint32_t kOldestTraceFormatVersion = 1;  // the oldest the reader reads
 inline constexpr std::size_t kTraceFixedHeaderBytes = 40;
 inline constexpr std::size_t kTraceRecordBytes = 40;

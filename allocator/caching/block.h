@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "allocator/caching/allocation_owner.h"
 #include "allocator/device/device.h"
 
 namespace spillway {
@@ -29,8 +30,9 @@ struct Block {
   Block* prev = nullptr;  // neighbours in the same segment, by address
   Block* next = nullptr;
   BlockState state = BlockState::free;
-  int pending_events = 0;               // awaiting_streams: events not yet complete
-  std::vector<Stream> used_on_streams;  // record_stream, other than `stream`
+  AllocationOwner owner = AllocationOwner::non_model;  // while allocated
+  int pending_events = 0;                              // awaiting_streams: events not yet complete
+  std::vector<Stream> used_on_streams;                 // record_stream, other than `stream`
 
   bool is_whole_segment() const { return prev == nullptr && next == nullptr; }
   void* pointer() const { return reinterpret_cast<void*>(address); }

@@ -77,6 +77,15 @@
 // a handler, nor its describe_holdings, while holding its mutex: that
 // would deadlock or invert lock order.
 //
+// Note [Segments past the budget]
+// Reserved bytes stay within the budget, with one exception: a chunk that an
+// op must have resident when nothing can be evicted (all chunks in compute)
+// gets a segment past the budget (allocate_over_budget), because the op
+// cannot be failed from where it is intercepted (Note [An op never runs on
+// bytes that are not resident] in hooks/torch/op_hooks.cc). The overrun ends
+// at the first free after it: a free while reserved exceeds the budget gives
+// every fully free segment back to the device.
+//
 // Note [Recording under the allocator's lock]
 // Trace events are recorded under the mutex, so the trace's order is the
 // allocator's order: a free of an address always precedes its reuse (Note
@@ -127,6 +136,7 @@ std::uintptr_t stream_id(Stream stream) { return reinterpret_cast<std::uintptr_t
 
 // What one allocate call needs, worked out once.
 struct Request {
+  AllocationOwner owner = AllocationOwner::non_model;
   std::size_t asked_bytes = 0;
   std::size_t size = 0;  // rounded to kRoundBytes
   Stream stream;
@@ -148,7 +158,8 @@ struct CachingAllocator::Impl {
   Impl(Device& device_to_use, CachingAllocatorOptions options, TraceSink* trace_sink);
   ~Impl();
 
-  Status allocate(void** ptr, std::size_t bytes, Stream stream);
+  Status allocate(void** ptr, std::size_t bytes, Stream stream, AllocationOwner owner);
+  Status allocate_over_budget(void** ptr, std::size_t bytes, Stream stream);
   Status deallocate(void* ptr);
   Status record_stream(void* ptr, Stream stream);
   void empty_cache();
@@ -158,7 +169,9 @@ struct CachingAllocator::Impl {
   // Steps 1 (cached block) and 3 (release cached segments, new segment) of
   // Note [The allocation fallback chain], with the mutex held.
   Block* retry_locked(const Request& request, ReserveFailure* failure);
-  Block* reserve_segment_locked(const Request& request, ReserveFailure* failure);
+  // `past_budget`: Note [Segments past the budget].
+  Block* reserve_segment_locked(const Request& request, ReserveFailure* failure,
+                                bool past_budget = false);
   void* hand_out_locked(Block* block, const Request& request);
   void release_allocated_locked(Block* block);
   void return_to_pool_locked(Block* block);
@@ -181,6 +194,10 @@ struct CachingAllocator::Impl {
   }
   std::size_t reserved_bytes_locked() const {
     return static_cast<std::size_t>(stats.reserved_bytes.current);
+  }
+  StatArray& allocated_bytes_of(AllocationOwner owner) {
+    return owner == AllocationOwner::model ? stats.allocated_bytes_model
+                                           : stats.allocated_bytes_non_model;
   }
 
   Device& device;
@@ -237,10 +254,12 @@ bool CachingAllocator::Impl::make_request(std::size_t bytes, Stream stream, Requ
 }
 
 // Note [The allocation fallback chain]
-Status CachingAllocator::Impl::allocate(void** ptr, std::size_t bytes, Stream stream) {
+Status CachingAllocator::Impl::allocate(void** ptr, std::size_t bytes, Stream stream,
+                                        AllocationOwner owner) {
   *ptr = nullptr;
   if (bytes == 0) return Status::ok;
   Request request;
+  request.owner = owner;
   if (!make_request(bytes, stream, &request)) {
     return fail_out_of_memory(request, {}, "the request is too large to round");
   }
@@ -279,16 +298,50 @@ Status CachingAllocator::Impl::allocate(void** ptr, std::size_t bytes, Stream st
   }
   // 5. Ask the pressure handlers (Note [Pressure handlers run unlocked]).
   for (PressureHandler* handler : pressure_handlers_snapshot()) {
-    handler->relieve_pressure(request.size, stream);
+    const std::size_t relieved = handler->relieve_pressure(request.size, stream);
     wait_for_deferred_frees();  // in case what it freed was in use on other streams
     std::lock_guard lock(mutex);
     if (Block* block = retry_locked(request, &failure)) {
       *ptr = hand_out_locked(block, request);
+      if (relieved > 0) {
+        ++stats.num_spills_for_allocation;
+        trace_locked(TraceEventKind::spill_for_allocation, stream,
+                     reinterpret_cast<std::uintptr_t>(*ptr), request.asked_bytes);
+      }
       return Status::ok;
     }
   }
   // 6. Out of memory.
   return fail_out_of_memory(request, failure, "");
+}
+
+// Note [Segments past the budget]
+Status CachingAllocator::Impl::allocate_over_budget(void** ptr, std::size_t bytes, Stream stream) {
+  *ptr = nullptr;
+  if (bytes == 0) return Status::ok;
+  Request request;
+  request.owner = AllocationOwner::model;
+  if (!make_request(bytes, stream, &request)) {
+    return fail_out_of_memory(request, {}, "the request is too large to round");
+  }
+  request.segment_bytes = request.min_segment_bytes;  // overrun no more than needed
+  ReserveFailure failure;
+  std::lock_guard lock(mutex);
+  collect_completed_frees_if_any_locked();
+  Block* block = request.pool->best_fit(stream, request.size);
+  if (block == nullptr) block = reserve_segment_locked(request, &failure);
+  if (block == nullptr) block = reserve_segment_locked(request, &failure, /*past_budget=*/true);
+  if (block == nullptr) {
+    t_last_error =
+        fmt::format("a segment of {} past the budget of {}: the device refused it: {}{}",
+                    format_bytes(request.min_segment_bytes),
+                    format_bytes(budget_bytes.load(std::memory_order_relaxed)),
+                    to_string(failure.device_status),
+                    failure.device_error.empty() ? "" : fmt::format(" ({})", failure.device_error));
+    return failure.device_status == Status::ok ? Status::out_of_memory : failure.device_status;
+  }
+  *ptr = hand_out_locked(block, request);
+  return Status::ok;
 }
 
 Block* CachingAllocator::Impl::retry_locked(const Request& request, ReserveFailure* failure) {
@@ -303,8 +356,9 @@ Block* CachingAllocator::Impl::retry_locked(const Request& request, ReserveFailu
 // request that gets no whole slab tries a segment just big enough (Note
 // [Segments near the budget]), which may also fit where the device is short.
 Block* CachingAllocator::Impl::reserve_segment_locked(const Request& request,
-                                                      ReserveFailure* failure) {
-  const std::size_t budget = budget_bytes.load(std::memory_order_relaxed);
+                                                      ReserveFailure* failure, bool past_budget) {
+  const std::size_t budget = past_budget ? std::numeric_limits<std::size_t>::max()
+                                         : budget_bytes.load(std::memory_order_relaxed);
   const std::size_t reserved = reserved_bytes_locked();
   const std::size_t left = budget > reserved ? budget - reserved : 0;
   void* base = nullptr;
@@ -361,11 +415,13 @@ void* CachingAllocator::Impl::hand_out_locked(Block* free_block, const Request& 
     free_block->pool->remove(free_block);
   }
   block->state = BlockState::allocated;
+  block->owner = request.owner;
   block->requested_bytes = request.asked_bytes;
   allocated_blocks.insert(block);
   const auto size = static_cast<std::int64_t>(block->size);
   stats.allocation.increase(1);
   stats.allocated_bytes.increase(size);
+  allocated_bytes_of(request.owner).increase(size);
   stats.active_bytes.increase(size);
   trace_locked(TraceEventKind::alloc, block->stream, block->address, request.asked_bytes);
   return block->pointer();
@@ -378,6 +434,9 @@ Status CachingAllocator::Impl::deallocate(void* ptr) {
     collect_completed_frees_if_any_locked();
     if (Block* block = allocated_blocks.take(reinterpret_cast<std::uintptr_t>(ptr))) {
       release_allocated_locked(block);
+      // Note [Segments past the budget]: the overrun ends here.
+      if (reserved_bytes_locked() > budget_bytes.load(std::memory_order_relaxed))
+        release_free_segments_locked();
       return Status::ok;
     }
   }
@@ -389,6 +448,7 @@ void CachingAllocator::Impl::release_allocated_locked(Block* block) {
   const auto size = static_cast<std::int64_t>(block->size);
   stats.allocation.decrease(1);
   stats.allocated_bytes.decrease(size);
+  allocated_bytes_of(block->owner).decrease(size);
   trace_locked(TraceEventKind::free, block->stream, block->address, block->requested_bytes);
   if (!block->used_on_streams.empty()) {
     block->state = BlockState::awaiting_streams;
@@ -508,14 +568,18 @@ Status CachingAllocator::Impl::fail_out_of_memory(const Request& request,
   report.budget_bytes = budget_bytes.load(std::memory_order_relaxed);
   {
     std::lock_guard lock(mutex);
-    ++stats.num_ooms;
+    // A model request's failure goes back to the chunk manager, which evicts
+    // and tries again or reports its own failure (AllocationOwner::model).
+    const bool returned_to_caller = request.owner != AllocationOwner::model;
+    if (returned_to_caller) ++stats.num_ooms;
     report.reserved_bytes = reserved_bytes_locked();
     report.allocated_bytes = static_cast<std::size_t>(stats.allocated_bytes.current);
     report.awaiting_streams_bytes =
         static_cast<std::size_t>(stats.active_bytes.current - stats.allocated_bytes.current);
     report.largest_free_block_bytes =
         std::max(small_pool.largest_block_bytes(), large_pool.largest_block_bytes());
-    trace_locked(TraceEventKind::oom, request.stream, 0, request.asked_bytes);
+    if (returned_to_caller)
+      trace_locked(TraceEventKind::oom, request.stream, 0, request.asked_bytes);
   }
   if (reason.empty() && failure.device_status != Status::ok) {
     reason = fmt::format("the device refused a new segment: {}", to_string(failure.device_status));
@@ -567,8 +631,13 @@ CachingAllocator::CachingAllocator(Device& device, CachingAllocatorOptions optio
 
 CachingAllocator::~CachingAllocator() = default;
 
-Status CachingAllocator::allocate(void** ptr, std::size_t bytes, Stream stream) {
-  return impl_->allocate(ptr, bytes, stream);
+Status CachingAllocator::allocate(void** ptr, std::size_t bytes, Stream stream,
+                                  AllocationOwner owner) {
+  return impl_->allocate(ptr, bytes, stream, owner);
+}
+
+Status CachingAllocator::allocate_over_budget(void** ptr, std::size_t bytes, Stream stream) {
+  return impl_->allocate_over_budget(ptr, bytes, stream);
 }
 
 Status CachingAllocator::deallocate(void* ptr) { return impl_->deallocate(ptr); }

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "allocator/caching/allocation_owner.h"
 #include "allocator/caching/pressure_handler.h"
 #include "allocator/config/stats.h"
 #include "allocator/device/device.h"
@@ -44,7 +45,16 @@ class CachingAllocator {
   // then says what was asked, reserved, allocated, cached, the largest free
   // block, and what each pressure handler holds. A zero-byte request gives a
   // null pointer and ok.
-  Status allocate(void** ptr, std::size_t bytes, Stream stream);
+  // An allocation satisfied only after a pressure handler freed memory (the
+  // chunk manager spilled chunks for it) counts in num_spills_for_allocation.
+  Status allocate(void** ptr, std::size_t bytes, Stream stream,
+                  AllocationOwner owner = AllocationOwner::non_model);
+  // A model block where the budget has no room left: a new segment just big
+  // enough, straight from the device, past the budget (Note [Budget
+  // overruns]). Only for a chunk an op must have resident now; the budget is
+  // back in force as soon as the block is freed. Fails only when the device
+  // itself has no room.
+  Status allocate_over_budget(void** ptr, std::size_t bytes, Stream stream);
   // Gives a block back. Frees of blocks used on other streams (record_stream)
   // take effect once those streams' events complete. Unknown pointers:
   // invalid_argument.

@@ -28,6 +28,19 @@
 // are rare and need the moves finished before memory is given back:
 // freeing a host copy (discard, remove_client, relayout) and synchronize().
 //
+// Note [Budget overruns]
+// An op hooked into torch cannot be failed from the hook (torch's
+// RecordFunction swallows a callback's exception), and it must not run on
+// bytes that are not resident. So its acquires pass OverBudget::overrun: when
+// every resident chunk is in compute and the chunk does not fit, it comes in
+// past the chunk budget, and past the allocator's budget through a segment of
+// its own (Note [Segments past the budget] in caching_allocator.cc). Each is
+// counted (num_budget_overruns), traced (budget_overrun) and reported to the
+// caller (last_overrun_bytes), which warns. The overrun is temporary: the
+// release that leaves a chunk out of compute evicts until both budgets hold
+// again (end_overrun_locked). Only a device with no physical room left fails
+// such an acquire.
+//
 // Note [Host access to device copies]
 // WaitMode::host is for code that touches the device copy from the host (the
 // simulated device, where torch's CPU kernels run on device memory). The host
@@ -57,6 +70,8 @@ namespace {
 thread_local std::string t_last_error;
 // The manager whose fetch is inside CachingAllocator::allocate on this thread.
 thread_local const ChunkManager* t_allocating_manager = nullptr;
+// Note [Budget overruns]: what this thread's last acquire overran by.
+thread_local std::size_t t_last_overrun_bytes = 0;
 
 std::size_t physical_memory_bytes() {
   const long pages = ::sysconf(_SC_PHYS_PAGES);
@@ -128,8 +143,9 @@ ChunkManager::~ChunkManager() {
 // --- Access protocol -----------------------------------------------------
 
 Status ChunkManager::acquire(TensorId id, Stream stream, void** device_ptr, AccessMode access,
-                             WaitMode wait) {
+                             WaitMode wait, OverBudget over_budget) {
   *device_ptr = nullptr;
+  t_last_overrun_bytes = 0;
   std::vector<Event> host_waits;  // WaitMode::host only
   {
     std::lock_guard lock(mutex_);
@@ -143,7 +159,8 @@ Status ChunkManager::acquire(TensorId id, Stream stream, void** device_ptr, Acce
                               tensor_label_locked(*tensor), chunk_label_locked(chunk)));
     }
     if (!chunk.resident()) {
-      if (Status status = fetch_locked(chunk, FetchReason::use, tensor); status != Status::ok) {
+      if (Status status = fetch_locked(chunk, FetchReason::use, tensor, over_budget);
+          status != Status::ok) {
         return status;
       }
     }
@@ -200,6 +217,7 @@ Status ChunkManager::release(TensorId id, Stream stream) {
     tensor->state = TensorState::hold;
     ++chunk.held_tensors;
   }
+  if (overrun_outstanding_ && chunk.device_users == 0) end_overrun_locked();
   if (chunk.device_users == 0) prefetch_planned_locked();  // it may be the victim now
   return Status::ok;
 }
@@ -331,16 +349,39 @@ std::size_t ChunkManager::device_budget_bytes() const {
 
 // --- Moves ---------------------------------------------------------------
 
+// Note [Budget overruns]. One acquire may overrun both budgets; it counts once.
+void ChunkManager::note_overrun_locked(const Chunk& chunk, std::size_t over_bytes) {
+  if (t_last_overrun_bytes == 0) {
+    count_locked(chunk, [](ChunkStats& s) { ++s.budget_overruns; });
+    trace_chunk_locked(TraceEventKind::budget_overrun, chunk, over_bytes);
+  }
+  t_last_overrun_bytes = std::max({t_last_overrun_bytes, over_bytes, std::size_t{1}});
+  overrun_outstanding_ = true;
+}
+
+void ChunkManager::end_overrun_locked() {
+  while (resident_bytes_ > device_budget_bytes_ && evict_one_locked()) {
+  }
+  auto allocator_over_budget = [this] {
+    return static_cast<std::size_t>(allocator_.stats().reserved_bytes.current) >
+           allocator_.budget_bytes();
+  };
+  while (allocator_over_budget() && evict_one_locked()) {
+  }
+  overrun_outstanding_ = resident_bytes_ > device_budget_bytes_ || allocator_over_budget();
+}
+
 // The smaller of our cap and the allocator's whole budget: no chunk larger
 // than this can ever be on the device.
 std::size_t ChunkManager::effective_budget_locked() const {
   return std::min(device_budget_bytes_, allocator_.budget_bytes());
 }
 
-Status ChunkManager::fetch_locked(Chunk& chunk, FetchReason reason, const TensorRecord* wanted_by) {
+Status ChunkManager::fetch_locked(Chunk& chunk, FetchReason reason, const TensorRecord* wanted_by,
+                                  OverBudget over_budget) {
   const bool is_prefetch = reason != FetchReason::use;
   const std::size_t budget = effective_budget_locked();
-  if (chunk.capacity > budget) {
+  if (chunk.capacity > budget && over_budget == OverBudget::fail) {
     if (reason == FetchReason::planned_prefetch) return Status::out_of_memory;  // its use will say
     return fail(
         Status::out_of_memory,
@@ -350,11 +391,12 @@ Status ChunkManager::fetch_locked(Chunk& chunk, FetchReason reason, const Tensor
                     chunk_label_locked(chunk), format_bytes(chunk.capacity),
                     budget == device_budget_bytes_ ? "chunk" : "device", format_bytes(budget)));
   }
-  if (Status status = make_room_locked(chunk, reason, wanted_by); status != Status::ok) {
+  if (Status status = make_room_locked(chunk, reason, wanted_by, over_budget);
+      status != Status::ok) {
     return status;
   }
   void* data = nullptr;
-  if (Status status = allocate_device_copy_locked(chunk, reason, wanted_by, &data);
+  if (Status status = allocate_device_copy_locked(chunk, reason, wanted_by, over_budget, &data);
       status != Status::ok) {
     return status;
   }
@@ -389,11 +431,15 @@ Status ChunkManager::fetch_locked(Chunk& chunk, FetchReason reason, const Tensor
 
 // Evicts until `incoming` fits in the chunk budget.
 Status ChunkManager::make_room_locked(Chunk& incoming, FetchReason reason,
-                                      const TensorRecord* wanted_by) {
+                                      const TensorRecord* wanted_by, OverBudget over_budget) {
   const Chunk* planned = reason == FetchReason::planned_prefetch ? &incoming : nullptr;
   while (resident_bytes_ + incoming.capacity > device_budget_bytes_) {
     if (evict_one_locked(planned)) continue;
     if (reason != FetchReason::use) return Status::out_of_memory;  // advice only: keep quiet
+    if (over_budget == OverBudget::overrun) {
+      note_overrun_locked(incoming, resident_bytes_ + incoming.capacity - device_budget_bytes_);
+      return Status::ok;
+    }
     return fail(Status::out_of_memory,
                 fmt::format("acquire of {}: no room for its {} ({}) in the chunk budget of {}: "
                             "{} of chunks is on the device and none can be evicted. {}",
@@ -407,7 +453,8 @@ Status ChunkManager::make_room_locked(Chunk& incoming, FetchReason reason,
 // A device copy from the allocator; when it is out of memory, evict and try
 // again (Note [Evicting under pressure]).
 Status ChunkManager::allocate_device_copy_locked(Chunk& chunk, FetchReason reason,
-                                                 const TensorRecord* wanted_by, void** data) {
+                                                 const TensorRecord* wanted_by,
+                                                 OverBudget over_budget, void** data) {
   const Chunk* planned = reason == FetchReason::planned_prefetch ? &chunk : nullptr;
   for (;;) {
     // Evicting first when the allocator surely has no room spares it an
@@ -422,12 +469,26 @@ Status ChunkManager::allocate_device_copy_locked(Chunk& chunk, FetchReason reaso
     Status status;
     {
       AllocatingScope scope(this);
-      status = allocator_.allocate(data, chunk.capacity, mover_.fetch_stream());
+      status =
+          allocator_.allocate(data, chunk.capacity, mover_.fetch_stream(), AllocationOwner::model);
     }
     if (status == Status::ok) return Status::ok;
-    const std::string allocator_error = CachingAllocator::last_error();
+    std::string allocator_error = CachingAllocator::last_error();
     if (status == Status::out_of_memory && evict_one_locked(planned)) continue;
     if (reason != FetchReason::use && status == Status::out_of_memory) return status;
+    if (status == Status::out_of_memory && over_budget == OverBudget::overrun) {
+      {
+        AllocatingScope scope(this);
+        status = allocator_.allocate_over_budget(data, chunk.capacity, mover_.fetch_stream());
+      }
+      if (status == Status::ok) {
+        const auto reserved = static_cast<std::size_t>(allocator_.stats().reserved_bytes.current);
+        const std::size_t allocator_budget = allocator_.budget_bytes();
+        note_overrun_locked(chunk, reserved > allocator_budget ? reserved - allocator_budget : 0);
+        return Status::ok;
+      }
+      allocator_error = CachingAllocator::last_error();
+    }
     return fail(
         status,
         fmt::format("acquire of {}: the allocator has no room for its {} ({}) and no "
@@ -641,5 +702,7 @@ Status ChunkManager::fail(Status status, std::string message) {
 }
 
 std::string ChunkManager::last_error() { return t_last_error; }
+
+std::size_t ChunkManager::last_overrun_bytes() { return t_last_overrun_bytes; }
 
 }  // namespace spillway

@@ -150,8 +150,12 @@ class ChunkManager final : public PressureHandler {
   // `stream` wait for a fetch in flight; WaitMode::host blocks until the
   // bytes are there (counted as stall time). AccessMode::read_write marks
   // the chunk dirty: its eviction then writes it back.
+  // OverBudget::overrun: when nothing can be evicted, the chunk comes in past
+  // the budget instead of failing (Note [Budget overruns]);
+  // last_overrun_bytes() then says by how much.
   Status acquire(TensorId tensor, Stream stream, void** device_ptr,
-                 AccessMode access = AccessMode::read_write, WaitMode wait = WaitMode::stream);
+                 AccessMode access = AccessMode::read_write, WaitMode wait = WaitMode::stream,
+                 OverBudget over_budget = OverBudget::fail);
   // Ends one acquire. `stream` is where the work using the tensor was
   // queued: the chunk's device copy is kept until that work is done.
   Status release(TensorId tensor, Stream stream);
@@ -221,6 +225,22 @@ class ChunkManager final : public PressureHandler {
 
   // Detail of this thread's last failed call; empty when none.
   static std::string last_error();
+  // How far past the budget this thread's last acquire brought the device
+  // (OverBudget::overrun); 0 when it stayed within it.
+  static std::size_t last_overrun_bytes();
+
+  // --- The smallest budget -----------------------------------------------
+  // Notes that `user` (an op) needs the chunks of `tensors` on the device at
+  // once; the largest such set is min_budget_bytes (Note [The smallest
+  // budget]). Returns the capacity of those chunks. Unknown tensors are
+  // skipped.
+  std::size_t note_working_set(std::span<const TensorId> tensors, std::string_view user);
+  std::size_t min_budget_bytes() const;
+  // The user of the largest working set; empty when none was noted.
+  std::string min_budget_user() const;
+  // The smaller of device_budget and the allocator's budget: what resident
+  // chunks can hold.
+  std::size_t effective_budget_bytes() const;
 
  private:
   struct Client {
@@ -247,12 +267,20 @@ class ChunkManager final : public PressureHandler {
   // it evicts only the chunk Belady would evict at this one's use, once that
   // chunk's last use before it is done).
   enum class FetchReason { use, prefetch, planned_prefetch };
-  Status fetch_locked(Chunk& chunk, FetchReason reason, const TensorRecord* wanted_by);
-  Status make_room_locked(Chunk& incoming, FetchReason reason, const TensorRecord* wanted_by);
+  Status fetch_locked(Chunk& chunk, FetchReason reason, const TensorRecord* wanted_by,
+                      OverBudget over_budget = OverBudget::fail);
+  Status make_room_locked(Chunk& incoming, FetchReason reason, const TensorRecord* wanted_by,
+                          OverBudget over_budget);
   // Starts the fetches the policy's plan wants next.
   void prefetch_planned_locked();
   Status allocate_device_copy_locked(Chunk& chunk, FetchReason reason,
-                                     const TensorRecord* wanted_by, void** data);
+                                     const TensorRecord* wanted_by, OverBudget over_budget,
+                                     void** data);
+  // Note [Budget overruns]: counted, traced, and what last_overrun_bytes says.
+  void note_overrun_locked(const Chunk& chunk, std::size_t over_bytes);
+  // After an overrun, evicts chunks no longer in compute until resident
+  // chunks and the allocator are within their budgets again.
+  void end_overrun_locked();
   // Evicts the policy's victim; for a planned prefetch of `planned_incoming`,
   // the policy's choose_victim_for_prefetch. False when there is none.
   bool evict_one_locked(const Chunk* planned_incoming = nullptr);
@@ -304,6 +332,9 @@ class ChunkManager final : public PressureHandler {
   ChunkStats stats_;
   TraceSink* const trace_;
   std::uint64_t steps_ended_ = 0;
+  bool overrun_outstanding_ = false;  // Note [Budget overruns]
+  std::size_t min_budget_bytes_ = 0;  // Note [The smallest budget]
+  std::string min_budget_user_;
 };
 
 }  // namespace spillway

@@ -1,6 +1,6 @@
 // ChunkManager, part three: what it tells others. Observers learn tensors'
 // addresses at each move, the trace gets chunk events, callers get stats,
-// introspection and messages that name tensors and chunks. (The access
+// the smallest budget, introspection and messages that name tensors and chunks. (The access
 // protocol, residency and pressure: chunk_manager.cc; clients and layout:
 // chunk_layout.cc.)
 //
@@ -14,6 +14,8 @@
 // A fetch that cannot make room fails with the chunk, the budget and the
 // chunks in compute with the tensors acquired in them, because "out of
 // memory" alone does not tell a user which acquire was never released.
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "allocator/chunk/chunk.h"
@@ -104,6 +106,49 @@ ChunkStats ChunkManager::client_stats(ClientId id) const {
   std::lock_guard lock(mutex_);
   auto client = clients_.find(id);
   return client == clients_.end() ? ChunkStats{} : client->second.stats;
+}
+
+// --- The smallest budget -------------------------------------------------
+
+// Note [The smallest budget]
+// min_budget_bytes is the largest capacity of chunks that one user (an op,
+// with the ops around it on its thread) needed on the device at once, as the
+// op hooks report it. A chunk budget below it cannot run the model without a
+// budget overrun (Note [Budget overruns] in chunk_manager.cc), so the bridge
+// turns it into an error at the step boundary. It counts each distinct chunk
+// once: tensors that share a chunk need it once.
+std::size_t ChunkManager::note_working_set(std::span<const TensorId> tensors,
+                                           std::string_view user) {
+  std::lock_guard lock(mutex_);
+  std::vector<ChunkId> seen;
+  std::size_t bytes = 0;
+  for (const TensorId id : tensors) {
+    const TensorRecord* tensor = find_tensor_locked(id);
+    if (tensor == nullptr || std::find(seen.begin(), seen.end(), tensor->chunk) != seen.end())
+      continue;
+    seen.push_back(tensor->chunk);
+    bytes += find_chunk_locked(tensor->chunk)->capacity;
+  }
+  if (bytes > min_budget_bytes_) {
+    min_budget_bytes_ = bytes;
+    min_budget_user_ = std::string(user);
+  }
+  return bytes;
+}
+
+std::size_t ChunkManager::min_budget_bytes() const {
+  std::lock_guard lock(mutex_);
+  return min_budget_bytes_;
+}
+
+std::string ChunkManager::min_budget_user() const {
+  std::lock_guard lock(mutex_);
+  return min_budget_user_;
+}
+
+std::size_t ChunkManager::effective_budget_bytes() const {
+  std::lock_guard lock(mutex_);
+  return effective_budget_locked();
 }
 
 // --- Introspection -------------------------------------------------------

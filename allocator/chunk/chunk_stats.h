@@ -1,6 +1,6 @@
 // ChunkStats: the chunk manager's figures, kept per client and in total.
 // add_to() writes them under the contract keys of Stats (chunk_bytes.*,
-// bytes_moved.*, evictions, prefetches, stall_ns); the counts of fetches and
+// bytes_moved.*, evictions, prefetches, stall_ns, num_budget_overruns); the counts of fetches and
 // write-backs have no contract key and are reported here only.
 #pragma once
 
@@ -17,9 +17,10 @@ struct ChunkStats {
   std::int64_t writebacks = 0;          // device-to-host moves (dirty evictions)
   std::int64_t bytes_moved_h2d = 0;
   std::int64_t bytes_moved_d2h = 0;
-  std::int64_t evictions = 0;   // device copies dropped to make room, written back or not
-  std::int64_t prefetches = 0;  // fetches started by prefetch()
-  std::int64_t stall_ns = 0;    // time acquire blocked the host waiting for a move
+  std::int64_t evictions = 0;        // device copies dropped to make room, written back or not
+  std::int64_t prefetches = 0;       // fetches started by prefetch()
+  std::int64_t stall_ns = 0;         // time acquire blocked the host waiting for a move
+  std::int64_t budget_overruns = 0;  // acquires that came in past a budget
 
   // Adds these figures to the chunk keys of `stats`.
   void add_to(Stats* stats) const {
@@ -30,6 +31,7 @@ struct ChunkStats {
     stats->evictions += evictions;
     stats->prefetches += prefetches;
     stats->stall_ns += stall_ns;
+    stats->num_budget_overruns += budget_overruns;
   }
 
   friend bool operator==(const ChunkStats&, const ChunkStats&) = default;

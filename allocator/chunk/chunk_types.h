@@ -42,6 +42,12 @@ enum class AccessMode : std::uint8_t { read, read_write };
 // reads device memory from the host, as on the simulated device).
 enum class WaitMode : std::uint8_t { stream, host };
 
+// What acquire does when the chunk cannot be made resident within the budget
+// because every resident chunk is in compute: `fail` (out_of_memory), or
+// `overrun`, for an op that must run now (Note [Budget overruns] in
+// chunk_manager.cc): the chunk comes in past the budget, recorded.
+enum class OverBudget : std::uint8_t { fail, overrun };
+
 struct TensorSpec {
   TensorKind kind = TensorKind::param;
   // Optimizer state slot (e.g. 0: Adam's exp_avg, 1: exp_avg_sq); 0 otherwise.

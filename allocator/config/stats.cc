@@ -7,6 +7,7 @@ namespace spillway {
 void Stats::reset_peaks() {
 #define SPILLWAY_RESET_PEAK(member, key) member.reset_peak();
   SPILLWAY_STAT_ARRAYS(SPILLWAY_RESET_PEAK)
+  SPILLWAY_STAT_PARTS(SPILLWAY_RESET_PEAK)
 #undef SPILLWAY_RESET_PEAK
 }
 
@@ -17,10 +18,17 @@ std::vector<std::pair<std::string, std::int64_t>> Stats::flatten() const {
   figures.emplace_back(key ".all.peak", member.peak);           \
   figures.emplace_back(key ".all.allocated", member.allocated); \
   figures.emplace_back(key ".all.freed", member.freed);
+#define SPILLWAY_FLATTEN_PART(member, key)                  \
+  figures.emplace_back(key ".current", member.current);     \
+  figures.emplace_back(key ".peak", member.peak);           \
+  figures.emplace_back(key ".allocated", member.allocated); \
+  figures.emplace_back(key ".freed", member.freed);
 #define SPILLWAY_FLATTEN_SCALAR(member, key) figures.emplace_back(key, member);
   SPILLWAY_STAT_ARRAYS(SPILLWAY_FLATTEN_ARRAY)
+  SPILLWAY_STAT_PARTS(SPILLWAY_FLATTEN_PART)
   SPILLWAY_STAT_SCALARS(SPILLWAY_FLATTEN_SCALAR)
 #undef SPILLWAY_FLATTEN_ARRAY
+#undef SPILLWAY_FLATTEN_PART
 #undef SPILLWAY_FLATTEN_SCALAR
   return figures;
 }

@@ -42,24 +42,35 @@ struct StatArray {
   X(allocation, "allocation")           \
   X(segment, "segment")
 
+// X(member, "json key prefix"): a part of an array above, written as
+// "<prefix>.current|peak|allocated|freed": allocated bytes split by owner
+// (CachingAllocator's AllocationOwner), model chunks and everything else.
+#define SPILLWAY_STAT_PARTS(X)                      \
+  X(allocated_bytes_model, "allocated_bytes.model") \
+  X(allocated_bytes_non_model, "allocated_bytes.non_model")
+
 // X(member, "json key"): plain counters and gauges.
-#define SPILLWAY_STAT_SCALARS(X)              \
-  X(num_alloc_retries, "num_alloc_retries")   \
-  X(num_ooms, "num_ooms")                     \
-  X(num_device_alloc, "num_device_alloc")     \
-  X(num_device_free, "num_device_free")       \
-  X(chunk_bytes_device, "chunk_bytes.device") \
-  X(chunk_bytes_host, "chunk_bytes.host")     \
-  X(bytes_moved_h2d, "bytes_moved.h2d")       \
-  X(bytes_moved_d2h, "bytes_moved.d2h")       \
-  X(evictions, "evictions")                   \
-  X(prefetches, "prefetches")                 \
+#define SPILLWAY_STAT_SCALARS(X)                            \
+  X(num_alloc_retries, "num_alloc_retries")                 \
+  X(num_ooms, "num_ooms")                                   \
+  X(num_spills_for_allocation, "num_spills_for_allocation") \
+  X(num_budget_overruns, "num_budget_overruns")             \
+  X(min_budget_bytes, "min_budget_bytes")                   \
+  X(num_device_alloc, "num_device_alloc")                   \
+  X(num_device_free, "num_device_free")                     \
+  X(chunk_bytes_device, "chunk_bytes.device")               \
+  X(chunk_bytes_host, "chunk_bytes.host")                   \
+  X(bytes_moved_h2d, "bytes_moved.h2d")                     \
+  X(bytes_moved_d2h, "bytes_moved.d2h")                     \
+  X(evictions, "evictions")                                 \
+  X(prefetches, "prefetches")                               \
   X(stall_ns, "stall_ns")
 
 struct Stats {
 #define SPILLWAY_DECLARE_ARRAY(member, key) StatArray member;
 #define SPILLWAY_DECLARE_SCALAR(member, key) std::int64_t member = 0;
   SPILLWAY_STAT_ARRAYS(SPILLWAY_DECLARE_ARRAY)
+  SPILLWAY_STAT_PARTS(SPILLWAY_DECLARE_ARRAY)
   SPILLWAY_STAT_SCALARS(SPILLWAY_DECLARE_SCALAR)
 #undef SPILLWAY_DECLARE_ARRAY
 #undef SPILLWAY_DECLARE_SCALAR

@@ -7,11 +7,15 @@
 // the chunk; then they are freed. From then on the storage holds a DataPtr
 // without a deleter into chunk memory, updated by the observer
 // (binding_table.cc) on every move.
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <unordered_set>
 #include <utility>
 
+#include <fmt/format.h>
+
+#include "allocator/config/format_bytes.h"
 #include "hooks/torch/bridge.h"
 #include "hooks/torch/client_names.h"
 #include "hooks/torch/op_gpu_timing.h"
@@ -180,6 +184,42 @@ std::string memory_stats_json() {
 }
 
 void step() {
+  torch_bridge::mark_step();
+  check_budget_fits_ops();
+}
+
+// Note [A budget below the smallest]
+// An op whose chunks do not fit ran past the budget (the hook cannot fail
+// it), so the error comes here, at the first step boundary after it, where an
+// exception reaches the caller: in C++ spillway::step(), in Python a global
+// optimizer step hook. It is raised once per new largest need, so a caller
+// that catches it and goes on (overrunning) is not stopped every step.
+void check_budget_fits_ops() {
+  Runtime& runtime = Runtime::process();
+  if (runtime.active_allocator() == nullptr) return;
+  ChunkManager& chunks = runtime.chunk_manager();
+  const std::size_t needed = chunks.min_budget_bytes();
+  const std::size_t budget = chunks.effective_budget_bytes();
+  static std::mutex mutex;
+  static std::size_t reported = 0;
+  {
+    std::lock_guard lock(mutex);
+    if (needed <= budget || needed <= reported) return;
+    reported = needed;
+  }
+  throw std::runtime_error(fmt::format(
+      "spillway: op {} needs {} of chunks on the device at once, more than the device budget "
+      "for chunks, {}; it ran past the budget (num_budget_overruns). Set device_budget to at "
+      "least {} (min_budget_bytes), or a smaller chunk_size so that its chunks hold less "
+      "besides its own tensors",
+      chunks.min_budget_user(), format_bytes(needed), format_bytes(budget), format_bytes(needed)));
+}
+
+}  // namespace spillway
+
+namespace spillway::torch_bridge {
+
+void mark_step() {
   // Not an activation: a program that never managed anything stays as it is.
   Runtime& runtime = Runtime::process();
   if (runtime.active_allocator() == nullptr) return;
@@ -191,4 +231,4 @@ void step() {
     torch_bridge::rebind_grad_if_replaced(chunks, *managed);
 }
 
-}  // namespace spillway
+}  // namespace spillway::torch_bridge

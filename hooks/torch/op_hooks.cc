@@ -32,16 +32,33 @@
 //    fetches they cause fall inside. A thread-local holds the innermost traced
 //    op, the parent of the next. Without a trace this costs one null check
 //    per op with managed inputs.
+//  - Note [An op never runs on bytes that are not resident]: torch's
+//    RecordFunction swallows an exception thrown by a callback, so a hook
+//    cannot fail the op. Its acquires therefore pass OverBudget::overrun:
+//    when every resident chunk is in compute, the chunk comes in past the
+//    budget, and the hook warns with the op and the bytes (the first time
+//    per op name; the rest are counted in num_budget_overruns). An acquire
+//    that fails even so (the device itself is full, the chunk is in use on
+//    the host) stops the process with the error: the op would otherwise
+//    compute on bytes that are not there. Each op also reports the chunks it
+//    needs at once, with those of the ops around it on its thread (Note [The
+//    smallest budget] in chunk_reports.cc); a budget below that is an error
+//    at the step boundary (check_budget_fits_ops in manage.cc).
 //  - Note [Python optimizers mark the step]: torch.optim wraps every
 //    optimizer's step in a record function named "Optimizer.step#<Class>.step"
 //    (user scope). Its end is the iteration boundary, so a second callback
 //    calls spillway::step() there and a Python training loop needs no call of
 //    its own. The callback looks at nothing but the name.
+#include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <shared_mutex>
+#include <string>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
@@ -52,6 +69,7 @@
 #include <c10/util/SmallVector.h>
 #include <torch/version.h>
 
+#include "allocator/config/format_bytes.h"
 #include "allocator/config/log.h"
 #include "hooks/torch/bridge.h"
 #include "hooks/torch/op_gpu_timing.h"
@@ -64,6 +82,10 @@ namespace {
 thread_local bool t_hook_suppressed = false;
 // Note [Traced ops]: the sequence number of this thread's innermost traced op.
 thread_local std::uint64_t t_current_op = 0;
+// Note [An op never runs on bytes that are not resident]: the tensors that the
+// ops running on this thread hold, outermost first. Values, not pointers to
+// the ops' contexts, so an op that ends out of order leaves nothing dangling.
+thread_local std::vector<TensorId> t_held_by_enclosing_ops;
 
 // Note [Which inputs an op writes].
 struct OpWrites {
@@ -116,7 +138,34 @@ struct ManagedInput {
 struct OpAcquisitions final : at::ObserverContext {
   c10::SmallVector<std::pair<TensorId, Stream>, 4> acquired;
   std::optional<TracedOp> traced;  // Note [Traced ops]
+  std::size_t enclosing_held = 0;  // t_held_by_enclosing_ops's size before this op
 };
+
+// Note [An op never runs on bytes that are not resident].
+[[noreturn]] void stop_before_op(const at::RecordFunction& fn, const std::string& why) {
+  SPILLWAY_LOG(error,
+               "op {}: acquiring a managed input failed: {}. Stopping the process: the op "
+               "would otherwise compute on bytes that are not resident, and a hook cannot fail it",
+               fn.name(), why);
+  std::fflush(stderr);
+  std::abort();
+}
+
+void warn_overrun(const at::RecordFunction& fn, std::size_t over_bytes, ChunkManager& chunks) {
+  static std::mutex mutex;
+  static std::set<std::string, std::less<>> warned;  // op names
+  {
+    std::lock_guard lock(mutex);
+    if (!warned.emplace(fn.name()).second) return;
+  }
+  SPILLWAY_LOG(warn,
+               "op {}: its managed inputs did not fit in the device budget of {} with every "
+               "resident chunk in compute, so they were made resident {} past it. Raise "
+               "device_budget to at least min_budget_bytes (now {}; memory_stats()); further "
+               "overruns are counted in num_budget_overruns",
+               fn.name(), format_bytes(chunks.effective_budget_bytes()), format_bytes(over_bytes),
+               format_bytes(chunks.min_budget_bytes()));
+}
 
 struct OpStream {
   Stream stream;
@@ -184,6 +233,7 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
     OpGpuTiming& gpu_timing = OpGpuTiming::process();
     if (gpu_timing.recording()) gpu_timing.push_op(t_current_op);  // op_gpu_timing.h
   }
+  std::size_t overrun_bytes = 0;
   for (ManagedInput& input : managed) {
     if (input.binding.managed != nullptr && input.binding.kind == TensorKind::param) {
       try {
@@ -195,19 +245,27 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
     void* address = nullptr;
     const AccessMode access = input.written ? AccessMode::read_write : AccessMode::read;
     const OpStream on = op_stream(input.binding.device);
-    if (chunks.acquire(input.binding.tensor, on.stream, &address, access, on.wait) != Status::ok) {
-      SPILLWAY_LOG(error, "op {}: acquiring a managed input failed: {}", fn.name(),
-                   ChunkManager::last_error());
-      continue;
-    }
+    if (chunks.acquire(input.binding.tensor, on.stream, &address, access, on.wait,
+                       OverBudget::overrun) != Status::ok)
+      stop_before_op(fn, ChunkManager::last_error());
     acquisitions->acquired.emplace_back(input.binding.tensor, on.stream);
+    if (const std::size_t over = ChunkManager::last_overrun_bytes(); over > 0)
+      overrun_bytes = std::max(overrun_bytes, over);
   }
+  // Note [The smallest budget]: this op's chunks with those its enclosing ops hold.
+  acquisitions->enclosing_held = t_held_by_enclosing_ops.size();
+  for (const auto& [tensor, stream] : acquisitions->acquired)
+    t_held_by_enclosing_ops.push_back(tensor);
+  chunks.note_working_set(t_held_by_enclosing_ops, fn.name());
+  if (overrun_bytes > 0) warn_overrun(fn, overrun_bytes, chunks);
   return acquisitions;
 }
 
 void on_op_end(const at::RecordFunction& fn, at::ObserverContext* context) {
   auto* acquisitions = static_cast<OpAcquisitions*>(context);
   if (acquisitions == nullptr) return;
+  if (t_held_by_enclosing_ops.size() > acquisitions->enclosing_held)
+    t_held_by_enclosing_ops.resize(acquisitions->enclosing_held);
   Runtime& runtime = Runtime::process();
   ChunkManager& chunks = runtime.chunk_manager();
   for (const auto& [tensor, stream] : acquisitions->acquired) {
@@ -233,7 +291,7 @@ std::unique_ptr<at::ObserverContext> on_user_scope_start(const at::RecordFunctio
 void on_user_scope_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (t_hook_suppressed || std::string_view(fn.name()).rfind(kOptimizerStepPrefix, 0) != 0) return;
   try {
-    spillway::step();
+    mark_step();  // the budget check is Python's (Note [Python optimizers mark the step])
   } catch (const std::exception& e) {
     SPILLWAY_LOG(error, "{}: marking the step failed: {}", fn.name(), e.what());
   }

@@ -71,7 +71,14 @@ std::string memory_stats_json();
 // optimizer's step, through its "Optimizer.step#..." record function): re-binds gradients that
 // autograd created afresh (set-to-none zero_grad) into their grad chunks, counts the step and marks
 // it in the trace. Does nothing while spillway is not active.
+// Then check_budget_fits_ops().
 void step();
+
+// Throws std::runtime_error when an op needed more of chunks on the device at
+// once than the budget holds (min_budget_bytes above the budget; the op ran
+// past it, Note [Budget overruns]), naming the op and the budget to set; once
+// for each new largest need. Python's optimizers call it after every step.
+void check_budget_fits_ops();
 
 // Writes a complete trace file (docs/trace-format.md) of the events the
 // `trace` option recorded so far to `path`; the live trace file goes on.

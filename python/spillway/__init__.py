@@ -21,6 +21,7 @@ import json
 import os
 
 import torch  # first: the extension links against torch's libraries
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import _C
 from . import optim
@@ -38,6 +39,15 @@ __all__ = [
     "initialize",
     "Engine",
 ]
+
+
+def _check_budget_after_step(optimizer, args, kwargs):
+    # Note [A budget below the smallest] (hooks/torch/manage.cc): the error for
+    # an op that ran past the budget, where an exception reaches the script.
+    _C.check_budget_fits_ops()
+
+
+register_optimizer_step_post_hook(_check_budget_after_step)
 
 
 def enable(conf=None):

@@ -19,7 +19,9 @@ CONTRACT_KEYS = [f"{figure}.all.{kind}"
                  for kind in ("current", "peak", "allocated", "freed")] + [
     "num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free", "chunk_bytes.device",
     "chunk_bytes.host", "bytes_moved.h2d", "bytes_moved.d2h", "evictions", "prefetches",
-    "stall_ns"]
+    "stall_ns", "num_spills_for_allocation", "num_budget_overruns", "min_budget_bytes"] + [
+    f"allocated_bytes.{owner}.{kind}" for owner in ("model", "non_model")
+    for kind in ("current", "peak", "allocated", "freed")]
 
 
 def test_a_bad_configuration_is_rejected_naming_the_key_and_changes_nothing():

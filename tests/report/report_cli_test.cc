@@ -135,7 +135,9 @@ TEST(ReportCli, VersionThreeFileCountsOpsPerStep) {
       run_report("v3", quoted(dir / "ops.trace") + " --summary -o " + quoted(dir / "report.html") +
                            " --chrome " + quoted(dir / "trace.json"));
   ASSERT_EQ(run.exit_code, 0) << run.err;
-  EXPECT_NE(run.out.find("format version: 3"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("format version: " + std::to_string(spillway::kTraceFormatVersion)),
+            std::string::npos)
+      << run.out;
   EXPECT_NE(run.out.find("ops: 6 traced (1 distinct names), 6 chunk accesses"), std::string::npos)
       << run.out;
   EXPECT_NE(run.out.find("ops per step: 3, 2 (+1 after the last step)"), std::string::npos)

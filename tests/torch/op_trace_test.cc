@@ -55,7 +55,7 @@ TEST(TorchOpTrace, ManagedModelOpsArePairedAndNamed) {
   fs::remove(snapshot);
   ASSERT_TRUE(read.ok()) << read.error;  // names defined before use, ops coherent
   const spillway::TraceFileContents& trace = *read.trace;
-  EXPECT_EQ(trace.format_version, 3u);
+  EXPECT_EQ(trace.format_version, spillway::kTraceFormatVersion);
 
   struct Open {
     std::uint32_t name;

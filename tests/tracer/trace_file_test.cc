@@ -100,7 +100,7 @@ TEST(tracer_TraceFile, LayoutMatchesTheDocumentedOffsets) {
            std::uint32_t(std::uint8_t(bytes[at + 2])) << 16 |
            std::uint32_t(std::uint8_t(bytes[at + 3])) << 24;
   };
-  EXPECT_EQ(u32(8), 3u);    // version
+  EXPECT_EQ(u32(8), 4u);    // version
   EXPECT_EQ(u32(12), 56u);  // header size: align8(40 + 4+1+4+1)
   EXPECT_EQ(u32(16), 40u);  // record size
   EXPECT_EQ(u32(20), 10u);  // metadata size
@@ -168,11 +168,14 @@ TEST(tracer_TraceFile, HeaderBitFlipNamesAPlausibleOffset) {
 
 TEST(tracer_TraceFile, NewerAndInvalidVersionsAreRejectedByNumber) {
   std::string bytes = encode_trace(sample_metadata(), sample_events());
-  bytes[8] = 4;  // version 4, header CRC now stale: the version is checked first
+  // The next version, header CRC now stale: the version is checked first.
+  bytes[8] = static_cast<char>(kTraceFormatVersion + 1);
   TraceReadResult result = parse_trace(bytes);
   ASSERT_FALSE(result.ok());
-  EXPECT_NE(result.error.find("byte offset 8: trace format version 4 is newer than a version "
-                              "this reader supports (1 to 3)"),
+  EXPECT_NE(result.error.find("byte offset 8: trace format version " +
+                              std::to_string(kTraceFormatVersion + 1) +
+                              " is newer than a version this reader supports (1 to " +
+                              std::to_string(kTraceFormatVersion) + ")"),
             std::string::npos)
       << result.error;
   bytes[8] = 0;
@@ -185,12 +188,12 @@ TEST(tracer_TraceFile, UnknownKindIsRejected) {
   // The public encoder writes any kind, checksums included: build the event
   // with a bogus kind.
   std::vector<TraceEvent> events = sample_events();
-  events[1].kind = static_cast<TraceEventKind>(16);
+  events[1].kind = static_cast<TraceEventKind>(18);
   const std::string bytes = encode_trace({}, events);
   const TraceReadResult result = parse_trace(bytes);
   ASSERT_FALSE(result.ok());
   EXPECT_NE(result.error.find("byte offset " + std::to_string(40 + 40 + 8) +
-                              ": unknown event kind 16 for format version 3"),
+                              ": unknown event kind 18 for format version 4"),
             std::string::npos)
       << result.error;
 }
@@ -255,6 +258,33 @@ TEST(tracer_TraceFile, Version1FileRejectsVersion2Kinds) {
                               ": unknown event kind 6 for format version 1"),
             std::string::npos)
       << result.error;
+}
+
+// Version 4's kinds: a spill for an allocation is an allocator event (no
+// detail or client); a budget overrun is a chunk event. A version-3 file with
+// either is corrupt.
+TEST(tracer_TraceFile, Version4SpillAndOverrunRoundTripAndAreNotVersion3Kinds) {
+  std::vector<TraceEvent> events = sample_events();
+  events.push_back({200, TraceEventKind::spill_for_allocation, 0, 0x7000, 4096});
+  events.push_back({210, TraceEventKind::budget_overrun, 2 << 20, 3, 1 << 20, 0, 2});
+  const TraceReadResult result = parse_trace(encode_trace({}, events));
+  ASSERT_TRUE(result.ok()) << result.error;
+  EXPECT_EQ(result.trace->format_version, 4u);
+  ASSERT_EQ(result.trace->events.size(), events.size());
+  EXPECT_EQ(result.trace->events.back().kind, TraceEventKind::budget_overrun);
+  EXPECT_EQ(result.trace->events.back().client, 2u);
+  EXPECT_EQ(result.trace->events.back().size, 1u << 20);
+
+  TraceEvent spill_with_client = events[events.size() - 2];
+  spill_with_client.client = 1;
+  std::vector<TraceEvent> corrupt = sample_events();
+  corrupt.push_back(spill_with_client);
+  EXPECT_NE(parse_trace(encode_trace({}, corrupt)).error.find("reserved bytes"), std::string::npos);
+
+  const TraceReadResult v3 = parse_trace(with_format_version(encode_trace({}, events), 3));
+  ASSERT_FALSE(v3.ok());
+  EXPECT_NE(v3.error.find("unknown event kind 16 for format version 3"), std::string::npos)
+      << v3.error;
 }
 
 TEST(tracer_TraceFile, ShippedVersion1FileStillReads) {

@@ -58,7 +58,8 @@ TEST(tracer_TraceFileV3, OpsAndChunkUsesRoundTripWithTheirNames) {
   const std::vector<TraceEvent> events = sample_v3_events();
   const TraceReadResult result = parse_trace(encode_trace({{"writer", "test"}}, events, 200));
   ASSERT_TRUE(result.ok()) << result.error;
-  EXPECT_EQ(result.trace->format_version, 3u);
+  EXPECT_EQ(result.trace->format_version,
+            kTraceFormatVersion);                         // version 3's kinds, as written now
   ASSERT_EQ(result.trace->events.size(), events.size());  // op_name pieces included
   for (std::size_t i = 0; i < events.size(); ++i)
     EXPECT_TRUE(same_event(result.trace->events[i], events[i])) << i;

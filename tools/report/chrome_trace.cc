@@ -104,6 +104,18 @@ void add_instants(const TraceFileContents& trace, const ReportModel& model,
         events->push_back(instant(model, event.time_ns, "out of memory", kAllocatorTid, "p",
                                   {{"requested_bytes", event.size}}));
         break;
+      case TraceEventKind::spill_for_allocation:
+        events->push_back(instant(model, event.time_ns, "spill for allocation", kAllocatorTid, "t",
+                                  {{"requested_bytes", event.size}}));
+        break;
+      case TraceEventKind::budget_overrun:
+        events->push_back(instant(model, event.time_ns,
+                                  fmt::format("budget overrun chunk {}", event.address), tid, "p",
+                                  {{"chunk", event.address},
+                                   {"client", event.client},
+                                   {"over_budget_bytes", event.size},
+                                   {"capacity", event.stream}}));
+        break;
       case TraceEventKind::chunk_fetch:
         chunk_args["prefetch"] = event.detail == kTraceDetailPrefetch;
         events->push_back(instant(

@@ -171,6 +171,11 @@ std::string totals_table(const ReportModel& model) {
             t.ooms == 0 ? std::string("0")
                         : fmt::format("{} (largest failed request {})", t.ooms,
                                       format_bytes(t.largest_oom_request_bytes)));
+  table_row(&out, "spills for allocations", std::to_string(t.spills_for_allocation));
+  table_row(&out, "budget overruns",
+            t.budget_overruns == 0 ? std::string("0")
+                                   : fmt::format("{} (largest {})", t.budget_overruns,
+                                                 format_bytes(t.largest_overrun_bytes)));
   table_row(&out, "steps", std::to_string(t.steps));
   out += "</table>\n";
   return out;

@@ -29,6 +29,14 @@ std::vector<std::string> recommendations(const ReportModel& model) {
         totals.ooms, totals.ooms == 1 ? "" : "s", format_bytes(totals.largest_oom_request_bytes),
         totals.largest_oom_request_bytes));
   }
+  if (totals.budget_overruns > 0) {
+    out.push_back(fmt::format(
+        "An op needed chunks that did not fit in the budget {} time{}, so they were made resident "
+        "past it (by up to {}). Raise device_budget to at least the run's min_budget_bytes, or "
+        "lower chunk_size so that an op's chunks hold less besides its own tensors.",
+        totals.budget_overruns, totals.budget_overruns == 1 ? "" : "s",
+        format_bytes(totals.largest_overrun_bytes)));
+  }
   if (model.device_budget_bytes && *model.device_budget_bytes > 0 && totals.ooms == 0 &&
       totals.evictions == 0 &&
       ratio(totals.peak_reserved_bytes, *model.device_budget_bytes) < kLowBudgetUse) {

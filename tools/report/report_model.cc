@@ -75,6 +75,13 @@ class ModelBuilder {
         totals.largest_oom_request_bytes = std::max(totals.largest_oom_request_bytes, event.size);
         model_->ooms.push_back({event.time_ns, event.size});
         break;
+      case TraceEventKind::spill_for_allocation:
+        ++totals.spills_for_allocation;
+        break;
+      case TraceEventKind::budget_overrun:
+        ++totals.budget_overruns;
+        totals.largest_overrun_bytes = std::max(totals.largest_overrun_bytes, event.size);
+        break;
       case TraceEventKind::chunk_fetch:
         add_fetch(event);
         break;

@@ -114,6 +114,11 @@ struct ReportTotals {
   std::uint64_t stall_ns = 0;
   std::uint64_t ooms = 0;
   std::uint64_t largest_oom_request_bytes = 0;
+  // Allocations that fit only after chunks were evicted for them (version 4).
+  std::uint64_t spills_for_allocation = 0;
+  // Chunks made resident past the budget for an op (version 4).
+  std::uint64_t budget_overruns = 0;
+  std::uint64_t largest_overrun_bytes = 0;
   std::uint64_t steps = 0;
   std::uint64_t ops = 0;              // op_begin events (version 3)
   std::uint64_t ops_after_steps = 0;  // ... after the last step mark

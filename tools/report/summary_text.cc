@@ -59,6 +59,11 @@ std::string summary_text(const ReportModel& model, std::string_view trace_name) 
   } else {
     out += "out-of-memories: 0\n";
   }
+  fmt::format_to(line, "spills for allocations: {}\n", t.spills_for_allocation);
+  if (t.budget_overruns > 0) {
+    fmt::format_to(line, "budget overruns: {} (largest {})\n", t.budget_overruns,
+                   bytes_with_exact(t.largest_overrun_bytes));
+  }
   fmt::format_to(line, "steps: {}\n", t.steps);
   if (t.ops > 0) {  // version 3 traces
     std::string per_step;

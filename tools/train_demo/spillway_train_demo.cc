@@ -68,7 +68,7 @@ struct DemoOptions {
   std::string optimizer = "torch-adam";
   std::string dtype = "f32";
   bool cuda = false;
-  std::string save_result;  // --save-result: the run's losses and final parameters
+  std::string save_result;        // --save-result: the run's losses and final parameters
   std::vector<std::string> argv;  // the command line, for --check's child on CUDA
 };
 
@@ -175,8 +175,8 @@ RunResult train(const DemoOptions& demo, bool managed) {
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.final_params = trainer.parameter_copies();
   const double tokens = double(demo.steps) * double(options.batch) * double(options.model.sequence);
-  fmt::print("[{}] {} steps in {:.2f} s: {:.0f} tokens/s ({})\n", label, demo.steps,
-             result.seconds, tokens / result.seconds,
+  fmt::print("[{}] {} steps in {:.2f} s: {:.0f} tokens/s ({})\n", label, demo.steps, result.seconds,
+             tokens / result.seconds,
              options.optimizer == OptimizerKind::spillway_adam ? "spillway-adam" : "torch-adam");
   if (managed) {
     const nlohmann::json end = stats();
@@ -196,6 +196,12 @@ RunResult train(const DemoOptions& demo, bool managed) {
     fmt::print("  peak reserved        {:>10.1f} MiB\n", mib(stat(end, "reserved_bytes.all.peak")));
     fmt::print("  peak allocated       {:>10.1f} MiB\n",
                mib(stat(end, "allocated_bytes.all.peak")));
+    fmt::print("  peak model           {:>10.1f} MiB\n",
+               mib(stat(end, "allocated_bytes.model.peak")));
+    fmt::print("  peak non-model       {:>10.1f} MiB\n",
+               mib(stat(end, "allocated_bytes.non_model.peak")));
+    fmt::print("  spills for allocs    {:>10.0f}\n", stat(end, "num_spills_for_allocation"));
+    fmt::print("  budget overruns      {:>10.0f}\n", stat(end, "num_budget_overruns"));
     fmt::print("  chunks on device     {:>10.1f} MiB\n", mib(stat(end, "chunk_bytes.device")));
     fmt::print("  chunks on host       {:>10.1f} MiB\n", mib(stat(end, "chunk_bytes.host")));
     fmt::print("  out-of-memory errors {:>10.0f}\n", stat(end, "num_ooms"));
@@ -273,8 +279,11 @@ RunResult train_reference_in_child(const DemoOptions& demo) {
   argv.push_back(nullptr);
   std::fflush(stdout);
   pid_t child = 0;
-  const int spawn_error = posix_spawn(&child, "/proc/self/exe", nullptr, nullptr, argv.data(), environ);
-  if (spawn_error != 0) throw std::runtime_error(std::string("starting the reference run: ") + std::strerror(spawn_error));
+  const int spawn_error =
+      posix_spawn(&child, "/proc/self/exe", nullptr, nullptr, argv.data(), environ);
+  if (spawn_error != 0)
+    throw std::runtime_error(std::string("starting the reference run: ") +
+                             std::strerror(spawn_error));
   int status = 0;
   while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
   }
@@ -372,7 +381,8 @@ int main(int argc, char** argv) {
                  "(spillway::dump_trace; needs --trace or a trace key in SPILLWAY_CONF)");
   app.add_flag("--cuda", demo.cuda,
                "train on the GPU, with spillway as torch's CUDA allocator (default "
-               "configuration: " + std::string(kCudaConf) + ")");
+               "configuration: " +
+                   std::string(kCudaConf) + ")");
   app.add_option("--save-result", demo.save_result,
                  "write the run's losses and final parameters here (torch::save), for a "
                  "comparison in another process");

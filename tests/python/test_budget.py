@@ -1,0 +1,87 @@
+"""An op whose managed inputs do not fit the budget (Note [An op never runs on
+bytes that are not resident], hooks/torch/op_hooks.cc): the script from issue
+15, a tied embedding and LM head under a budget of one chunk with an op that
+needs two, run as a user runs it, with SPILLWAY_CONF and strict residency. It
+must neither crash nor compute on bytes that are not resident: the op runs
+past the budget, training matches plain torch bit for bit, and the first
+optimizer step raises the error that names the op and the budget to set."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent("""
+    import json, sys
+    import torch
+
+    class TiedLm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(3)
+            self.embedding = torch.nn.Embedding(1024, 512)    # one 2 MiB chunk
+            self.hidden = torch.nn.Linear(512, 512)
+            self.head_bias = torch.nn.Parameter(torch.zeros(1024))   # the next chunk
+
+        def forward(self, tokens):
+            h = torch.tanh(self.hidden(self.embedding(tokens)))
+            return torch.nn.functional.linear(h, self.embedding.weight, self.head_bias)
+
+    def train(manage):
+        model = TiedLm()
+        if manage:
+            import spillway
+            spillway.manage(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        losses, errors = [], []
+        for step in range(6):
+            torch.manual_seed(100 + step)
+            tokens = torch.randint(1024, (8, 16))
+            optimizer.zero_grad()
+            logits = model(tokens)
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 1024),
+                                                     tokens.roll(1, 1).reshape(-1))
+            loss.backward()
+            try:
+                optimizer.step()
+            except RuntimeError as error:
+                errors.append((step, str(error)))
+            losses.append(loss.item())
+        return losses, [p.detach().clone() for p in model.parameters()], errors
+
+    plain_losses, plain_params, _ = train(manage=False)
+    losses, params, errors = train(manage=True)
+    import spillway
+    stats = spillway.memory_stats()
+    print(json.dumps({
+        "same_losses": losses == plain_losses,
+        "same_params": all(torch.equal(a, b) for a, b in zip(params, plain_params)),
+        "errors": errors,
+        "overruns": stats["num_budget_overruns"],
+        "min_budget_bytes": stats["min_budget_bytes"],
+        "num_ooms": stats["num_ooms"],
+    }))
+""")
+
+CONF = "device:sim,device_budget:2MiB,chunk_size:2MiB,strict_residency:true,policy:lru"
+
+
+def test_an_op_past_the_budget_is_exact_counted_and_an_error_at_the_first_step():
+    import json
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env["SPILLWAY_CONF"] = CONF
+    result = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["same_losses"]
+    assert report["same_params"]
+    assert [step for step, _ in report["errors"]] == [0]  # once, at the first step
+    message = report["errors"][0][1]
+    assert "aten::" in message and "device_budget to at least 4.00 MiB" in message
+    assert report["overruns"] > 0
+    assert report["min_budget_bytes"] == 4 << 20
+    assert report["num_ooms"] == 0
+    # A warning names the op, once per op name; nothing is logged as an error.
+    assert "past it" in result.stderr
+    assert "spillway[error]" not in result.stderr

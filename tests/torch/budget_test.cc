@@ -1,0 +1,141 @@
+// Note [An op never runs on bytes that are not resident] (hooks/torch/
+// op_hooks.cc): a budget of one chunk and an op that needs two. The op runs
+// past the budget, on resident bytes (strict residency: a miss would fault),
+// training stays bit-identical to torch, the overrun is counted, and the
+// step boundary raises the error that names the op and the budget to set
+// (Note [A budget below the smallest] in manage.cc). Where the device cannot
+// hold the overrun either, the process stops with the error.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+#include <nlohmann/json.hpp>
+
+#include "hooks/torch/spillway_torch.h"
+
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr std::int64_t kVocab = 1024;
+constexpr std::int64_t kWidth = 512;  // the embedding: 1024 x 512 fp32 = one 2 MiB chunk
+constexpr int kSteps = 4;
+
+std::string conf(const std::string& sim_capacity) {
+  return "device:sim,strict_residency:true,chunk_size:2MiB,device_budget:2MiB,policy:lru,"
+         "sim_capacity:" +
+         sim_capacity;
+}
+
+// A tied embedding and LM head whose bias sits in the next chunk: the head's
+// aten::linear needs both chunks at once, and the budget holds one.
+struct TiedLm : torch::nn::Module {
+  TiedLm() {
+    embedding = register_module("embedding", torch::nn::Embedding(kVocab, kWidth));
+    hidden = register_module("hidden", torch::nn::Linear(kWidth, kWidth));
+    head_bias = register_parameter("head_bias", torch::zeros({kVocab}));
+  }
+  torch::Tensor forward(const torch::Tensor& tokens) {
+    const torch::Tensor h = torch::tanh(hidden->forward(embedding->forward(tokens)));
+    return torch::linear(h, embedding->weight, head_bias);  // aten::linear: one op
+  }
+  torch::nn::Embedding embedding{nullptr};
+  torch::nn::Linear hidden{nullptr};
+  torch::Tensor head_bias;
+};
+
+std::shared_ptr<TiedLm> make_model() {
+  torch::manual_seed(7);
+  return std::make_shared<TiedLm>();
+}
+
+torch::Tensor tokens_of_step(int step) {
+  torch::manual_seed(100 + step);
+  return torch::randint(kVocab, {8, 16}, torch::kLong);
+}
+
+torch::Tensor loss_of(TiedLm& model, int step) {
+  const torch::Tensor tokens = tokens_of_step(step);
+  const torch::Tensor logits = model.forward(tokens);
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, kVocab}),
+                                              tokens.roll(1, 1).reshape({-1}));
+}
+
+nlohmann::json memory_stats() { return nlohmann::json::parse(spillway::memory_stats_json()); }
+
+TEST(TorchBridgeBudgetOverrun, AnOpNeedingTwoChunksUnderAOneChunkBudgetRunsOnResidentBytes) {
+  // Plain torch first.
+  std::vector<float> plain_losses;
+  auto plain = make_model();
+  {
+    torch::optim::SGD optimizer(plain->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    for (int step = 0; step < kSteps; ++step) {
+      optimizer.zero_grad();
+      torch::Tensor loss = loss_of(*plain, step);
+      loss.backward();
+      optimizer.step();
+      plain_losses.push_back(loss.item<float>());
+    }
+  }
+
+  spillway::configure(conf("256MiB"));
+  auto managed = make_model();
+  spillway::manage(*managed);
+  torch::optim::SGD optimizer(managed->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < kSteps; ++step) {
+    optimizer.zero_grad();
+    torch::Tensor loss = loss_of(*managed, step);
+    loss.backward();
+    optimizer.step();
+    EXPECT_EQ(loss.item<float>(), plain_losses[step]) << "step " << step;
+    if (step == 0) {
+      try {
+        spillway::step();
+        ADD_FAILURE() << "the first step boundary accepted a budget below an op's chunks";
+      } catch (const std::runtime_error& e) {
+        const std::string message = e.what();
+        EXPECT_THAT(message, HasSubstr("aten::"));
+        EXPECT_THAT(message, HasSubstr("4.00 MiB of chunks"));
+        EXPECT_THAT(message, HasSubstr("device_budget to at least 4.00 MiB"));
+      }
+    } else {
+      EXPECT_NO_THROW(spillway::step()) << "step " << step << ": reported once";
+    }
+  }
+  const auto plain_params = plain->parameters();
+  const auto managed_params = managed->parameters();
+  ASSERT_EQ(plain_params.size(), managed_params.size());
+  for (std::size_t i = 0; i < plain_params.size(); ++i)
+    EXPECT_TRUE(torch::equal(plain_params[i], managed_params[i])) << "parameter " << i;
+
+  const nlohmann::json stats = memory_stats();
+  EXPECT_GT(stats["num_budget_overruns"].get<std::int64_t>(), 0);
+  EXPECT_EQ(stats["min_budget_bytes"].get<std::int64_t>(), 4 << 20);
+  EXPECT_EQ(stats["num_ooms"].get<std::int64_t>(), 0);
+  EXPECT_GT(stats["allocated_bytes.model.peak"].get<std::int64_t>(), 2 << 20);
+  // Between ops the overrun has ended.
+  EXPECT_LE(stats["allocated_bytes.model.current"].get<std::int64_t>(), 2 << 20);
+  spillway::unmanage(*managed);
+}
+
+// Past the budget there must still be room on the device; where there is
+// none, the op must not run on bytes that are not there: the process stops.
+TEST(TorchBridgeBudgetOverrunDeathTest, NoRoomEvenPastTheBudgetStopsTheProcess) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        spillway::configure(conf("3MiB"));
+        auto model = make_model();
+        spillway::manage(*model);
+        loss_of(*model, 0).backward();
+      },
+      "Stopping the process: the op would otherwise compute on bytes that are not resident");
+}
+
+}  // namespace
