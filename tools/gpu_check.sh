@@ -53,6 +53,7 @@ STEPS=(
   "gpu_tests 180 continue"  # ctest -L gpu: must pass, and must not skip on a GPU
   "gpu_bench 90 continue"   # bench_device --device=cuda: metric lines
   "pluggable 150 continue"  # libspillway.so as torch's allocator vs torch's own
+  "cuda_api 60 continue"   # torch.cuda.memory_stats & co., record_stream, OOM under spillway
   "train_demo_cuda 120 continue"  # the C++ demo on CUDA, spillway as torch's allocator: bit-identical, tokens/s
   "python_train 240 continue"  # a Python script under SPILLWAY_CONF, spilling (planned, LRU), CUPTI, its report
 )
@@ -273,6 +274,28 @@ step_pluggable() {
   return "$rc"
 }
 
+# torch's CUDA memory functions (memory_stats, memory_allocated,
+# max_memory_allocated, memory_reserved, reset_peak_memory_stats, empty_cache,
+# Tensor.record_stream), a 0-byte tensor and torch's OOM error, with spillway
+# installed from the build's Python package as torch's CUDA allocator.
+step_cuda_api() {
+  [[ -d "$build/python/spillway" ]] || {
+    step_status=skipped
+    step_note="the Python package was not built (see 'spillway: Python package' in configure)"
+    return 0
+  }
+  local rc=0
+  timed "$python" "$repo/tools/gpu/torch_cuda_api_check.py" --build "$build" 2>&1 |
+    tee "$work/cuda_api.txt" || rc=$?
+  if ((rc == 2)); then
+    step_status=skipped
+    step_note="$(tail -n 1 "$work/cuda_api.txt")"
+    return 0
+  fi
+  step_note="$(grep -E '^torch cuda api:' "$work/cuda_api.txt")"
+  return "$rc"
+}
+
 # spillway-train-demo on CUDA (C++), spillway installed as torch's CUDA
 # allocator through LibTorch's CUDAPluggableAllocator: bit-identical to a run
 # on torch's own allocator (--check), then with spillway's Adam; tokens/s of each.
@@ -418,6 +441,10 @@ write_summary() {
     echo "## spillway as torch's allocator (CUDAPluggableAllocator)"
     echo
     code_block "$work/pluggable.txt"
+    echo
+    echo "## torch.cuda's memory functions under spillway (TorchCudaAllocator)"
+    echo
+    code_block "$work/cuda_api.txt"
     echo
     echo "## The C++ demo on CUDA (spillway as LibTorch's CUDA allocator)"
     echo

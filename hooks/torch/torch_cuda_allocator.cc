@@ -1,20 +1,21 @@
-// use_as_torch_cuda_allocator: spillway's caching allocator as torch's CUDA
-// allocator, installed from C++ through torch's CUDAPluggableAllocator (the
-// class behind Python's torch.cuda.memory.CUDAPluggableAllocator), so that a
-// LibTorch program's activations, temporaries and optimizer state share the
-// device budget with the chunks.
-//
-// Built against a CUDA torch whose CUDA major is the toolkit's
-// (SPILLWAY_HAVE_TORCH_CUDA, cmake/FindTorchThroughPython.cmake); elsewhere
-// the function says why it cannot install.
+// use_as_torch_cuda_allocator and TorchCudaAllocator: spillway's caching
+// allocator as torch's CUDA allocator (design summary in
+// torch_cuda_allocator.h), installed from C++ through torch's
+// CUDAPluggableAllocator::changeCurrentAllocator, so that a program's
+// activations, temporaries and optimizer state share the device budget with
+// the chunks. Elsewhere (no usable torch CUDA side) the install says why it
+// cannot.
 //
 // Note [Failing a CUDA allocation]
 // torch's CUDAPluggableAllocator does not check the pointer its malloc
-// function returns, so a NULL would become a tensor over address 0. The
-// function throws torch's out-of-memory error instead (c10::OutOfMemoryError,
-// Python's torch.OutOfMemoryError), which propagates to the op that allocated.
-// A request of 0 bytes gets no memory and no error, as with torch's own
-// allocator.
+// function returns, so a NULL would become a tensor over address 0. The C ABI
+// (spillway_malloc) must return NULL, so torch is given this C++ function
+// instead, which throws torch's out-of-memory error (c10::OutOfMemoryError,
+// Python's torch.OutOfMemoryError and torch.cuda.OutOfMemoryError) with the
+// caching allocator's message: the request, budget, reserved and allocated
+// bytes, the largest free block and what each pressure handler holds. It
+// propagates to the op that allocated. A request of 0 bytes gets no memory
+// and no error, as with torch's own allocator.
 #include <stdexcept>
 #include <string>
 
@@ -22,10 +23,11 @@
 #include "hooks/torch/spillway_torch.h"
 
 #ifdef SPILLWAY_HAVE_TORCH_CUDA
-#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+#include <memory>
 
-#include "allocator/caching/caching_allocator.h"
 #include "allocator/runtime.h"
+#include "hooks/torch/torch_cuda_allocator.h"
+#include "hooks/torch/torch_device_stats.h"
 #endif
 
 namespace spillway {
@@ -33,36 +35,59 @@ namespace spillway {
 #ifdef SPILLWAY_HAVE_TORCH_CUDA
 namespace {
 
-CachingAllocator& installed_allocator() {
-  CachingAllocator* allocator = Runtime::process().active_allocator();
-  // Installation activated the runtime, which is never torn down.
-  TORCH_INTERNAL_ASSERT(allocator != nullptr,
-                        "spillway: the CUDA allocator is used before activation");
-  return *allocator;
-}
-
 // Note [Failing a CUDA allocation].
-void* allocate(std::size_t bytes, int device, cudaStream_t stream) {
+void* allocate_or_throw(CachingAllocator& allocator, int managed, std::size_t bytes, int device,
+                        cudaStream_t stream) {
   if (bytes == 0) return nullptr;
-  const int managed = Runtime::process().device_ordinal();
   TORCH_CHECK(device == managed, "spillway manages CUDA device ", managed, " only; device ", device,
               " was asked for ", bytes, " bytes");
   void* ptr = nullptr;
-  if (installed_allocator().allocate(&ptr, bytes, Stream{stream}) != Status::ok)
-    TORCH_CHECK_WITH(OutOfMemoryError, false,
-                     "spillway: CUDA out of memory: ", CachingAllocator::last_error());
+  const Status status = allocator.allocate(&ptr, bytes, Stream{stream});
+  TORCH_CHECK_WITH(OutOfMemoryError, status != Status::out_of_memory,
+                   "spillway: CUDA out of memory: ", CachingAllocator::last_error());
+  TORCH_CHECK(status == Status::ok, "spillway: allocating ", bytes,
+              " bytes failed: ", CachingAllocator::last_error());
   return ptr;
 }
 
-void deallocate(void* ptr, std::size_t /*bytes*/, int /*device*/, cudaStream_t /*stream*/) {
+void deallocate_or_throw(CachingAllocator& allocator, void* ptr) {
   if (ptr == nullptr) return;
   // A free that fails is a pointer spillway did not hand out: a bug in the
   // caller or in spillway, never to be skipped silently.
-  TORCH_CHECK(installed_allocator().deallocate(ptr) == Status::ok, "spillway: freeing ", ptr,
+  TORCH_CHECK(allocator.deallocate(ptr) == Status::ok, "spillway: freeing ", ptr,
               " failed: ", CachingAllocator::last_error());
 }
 
 }  // namespace
+
+TorchCudaAllocator::TorchCudaAllocator(CachingAllocator& allocator, int device_ordinal)
+    : CUDAPluggableAllocator(
+          [to = &allocator, device_ordinal](std::size_t bytes, int device, cudaStream_t stream) {
+            return allocate_or_throw(*to, device_ordinal, bytes, device, stream);
+          },
+          [to = &allocator](void* ptr, std::size_t, int, cudaStream_t) {
+            deallocate_or_throw(*to, ptr);
+          }),
+      allocator_(allocator),
+      device_ordinal_(device_ordinal) {
+  // torch.cuda.empty_cache(): the base calls its reset function.
+  set_reset_fn([to = &allocator] { to->empty_cache(); });
+  // Tensor.record_stream: the block is not reused before `stream`'s work so far.
+  set_record_stream_fn([to = &allocator](void* ptr, cudaStream_t stream) {
+    TORCH_CHECK(to->record_stream(ptr, Stream{stream}) == Status::ok, "spillway: record_stream(",
+                ptr, ") failed: ", CachingAllocator::last_error());
+  });
+}
+
+c10::cuda::CUDACachingAllocator::DeviceStats TorchCudaAllocator::getDeviceStats(
+    c10::DeviceIndex device) {
+  if (device != device_ordinal_) return {};
+  return to_torch_device_stats(allocator_.stats());
+}
+
+void TorchCudaAllocator::resetPeakStats(c10::DeviceIndex device) {
+  if (device == device_ordinal_) allocator_.reset_peak_stats();
+}
 
 void use_as_torch_cuda_allocator() {
   activate();
@@ -72,14 +97,13 @@ void use_as_torch_cuda_allocator() {
         "spillway: use_as_torch_cuda_allocator needs device:cuda (or "
         "device:auto on a usable GPU); spillway is running on " +
         runtime.device().name());
-  auto allocator = torch::cuda::CUDAPluggableAllocator::createCustomAllocator(allocate, deallocate);
-  auto* pluggable =
-      dynamic_cast<torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator*>(allocator.get());
-  TORCH_INTERNAL_ASSERT(pluggable != nullptr);
-  pluggable->set_record_stream_fn([](void* ptr, cudaStream_t stream) {
-    TORCH_CHECK(installed_allocator().record_stream(ptr, Stream{stream}) == Status::ok,
-                "spillway: record_stream(", ptr, ") failed: ", CachingAllocator::last_error());
-  });
+  // A second call (the Python start-up hook, then a script) finds it installed.
+  if (dynamic_cast<TorchCudaAllocator*>(c10::cuda::CUDACachingAllocator::get()) != nullptr) return;
+  auto allocator =
+      std::make_shared<TorchCudaAllocator>(*runtime.active_allocator(), runtime.device_ordinal());
+  // As torch's createCustomAllocator does: marked initialized, so torch
+  // refuses a later swap instead of freeing spillway's pointers elsewhere.
+  allocator->init(0);
   // Throws, naming the cause, once torch's CUDA allocator has handed out memory.
   torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(allocator);
 }

@@ -50,6 +50,16 @@ void bind_runtime(py::module_& module) {
         spillway::unmanage(std::move(params));
       },
       py::arg("params"));
+  module.def("use_as_torch_cuda_allocator", &spillway::use_as_torch_cuda_allocator,
+             py::call_guard<py::gil_scoped_release>(),
+             "Makes spillway torch's CUDA allocator (hooks/torch/torch_cuda_allocator.h).");
+  // Whether use_as_torch_cuda_allocator can work in this build: built against
+  // a CUDA torch of the toolkit's CUDA major (SPILLWAY_TORCH_CUDA_USABLE).
+#ifdef SPILLWAY_HAVE_TORCH_CUDA
+  module.attr("has_torch_cuda_allocator") = true;
+#else
+  module.attr("has_torch_cuda_allocator") = false;
+#endif
   module.def("memory_stats_json", &spillway::memory_stats_json);
   module.def("dump_trace", &spillway::dump_trace, py::arg("path"),
              py::call_guard<py::gil_scoped_release>());

@@ -19,6 +19,7 @@ syntax and keys: docs/configuration.md. The Python API: docs/python.md.
 
 import json
 import os
+import warnings
 
 import torch  # first: the extension links against torch's libraries
 from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -30,6 +31,7 @@ from ._engine import Engine, initialize
 __all__ = [
     "enable",
     "is_enabled",
+    "use_as_torch_cuda_allocator",
     "manage",
     "unmanage",
     "memory_stats",
@@ -66,6 +68,24 @@ def enable(conf=None):
 def is_enabled():
     """Whether spillway is active in this process."""
     return _C.is_active()
+
+
+def use_as_torch_cuda_allocator():
+    """Makes spillway torch's CUDA allocator, so that everything torch
+    allocates on the GPU shares spillway's device budget with the chunks.
+
+    Activates spillway; needs device:cuda (or device:auto with a usable GPU)
+    and must run before torch's first CUDA allocation. Afterwards an
+    allocation that does not fit even after spilling chunks raises
+    torch.OutOfMemoryError (torch.cuda.OutOfMemoryError) with spillway's
+    figures, and torch.cuda.memory_stats(), memory_allocated(),
+    max_memory_allocated(), memory_reserved(), reset_peak_memory_stats(),
+    empty_cache() and Tensor.record_stream() answer from spillway. With
+    SPILLWAY_CONF set this already happened at interpreter start. Raises
+    RuntimeError naming the cause otherwise (no GPU, torch already allocated
+    CUDA memory, a build without torch's CUDA side).
+    """
+    _C.use_as_torch_cuda_allocator()
 
 
 def _named_parameters(module_or_params):
@@ -127,9 +147,15 @@ def _activate_at_start(conf):
     cuda = (device != "sim" and torch.version.cuda is not None
             and hasattr(torch.cuda.memory, "CUDAPluggableAllocator")
             and torch.cuda.is_available())
-    if cuda:
+    if cuda and _C.has_torch_cuda_allocator:
+        use_as_torch_cuda_allocator()
+    elif cuda:
         # Note [One runtime per process] (python/bindings/module.cc): torch
         # allocates through this module's C ABI from its first CUDA allocation.
+        warnings.warn("spillway: this build has no torch CUDA allocator (see the configure "
+                      "output's 'spillway:' lines), so its C ABI serves torch: an allocation "
+                      "that does not fit gives torch a null pointer, and torch.cuda.memory_stats "
+                      "raises")
         allocator = torch.cuda.memory.CUDAPluggableAllocator(
             _C.__file__, "spillway_malloc", "spillway_free")
         torch.cuda.memory.change_current_allocator(allocator)

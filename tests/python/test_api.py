@@ -136,3 +136,15 @@ def test_steps_of_the_engine_are_marked_in_the_trace(trace_dir):
     assert (trace_event_kinds(after).count(TRACE_KIND_STEP)
             - trace_event_kinds(before).count(TRACE_KIND_STEP)) == 3
     spillway.unmanage(model)
+
+
+def test_use_as_torch_cuda_allocator_needs_a_gpu(trace_dir):
+    # Installing spillway as torch's CUDA allocator needs device:cuda, so on the
+    # simulated device it says why (a build without torch's CUDA side says so).
+    if torch.version.cuda is None:
+        assert not spillway._C.has_torch_cuda_allocator
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is usable: tools/gpu/torch_cuda_api_check.py installs it there")
+    expected = "needs device:cuda" if spillway._C.has_torch_cuda_allocator else "no torch CUDA"
+    with pytest.raises(RuntimeError, match=expected):
+        spillway.use_as_torch_cuda_allocator()

@@ -99,6 +99,7 @@ def main():
     if not os.path.exists(args.lib):
         print(f"pluggable_allocator_check: {args.lib} does not exist (build spillway first)")
         return 1
+    import torch  # for the summary line: importable, missing_torch_gpu() checked
 
     results = {}
     for mode in ("native", "spillway"):
