@@ -36,6 +36,9 @@ enum class TraceEventKind : std::uint8_t {
   // A chunk event: a chunk made resident past the budget because an op must
   // have it and nothing could be evicted; size: the bytes over the budget.
   budget_overrun = 17,
+  // min_budget_bytes grew (Note [The smallest budget] in chunk_reports.cc):
+  // size: the new value; the other fields zero.
+  min_budget = 18,
 };
 
 // TraceEvent::detail of chunk_fetch and chunk_drop.
@@ -49,7 +52,7 @@ inline constexpr std::uint16_t kTraceDetailReadWrite = 2;
 inline constexpr TraceEventKind kLastTraceEventKindV1 = TraceEventKind::oom;
 inline constexpr TraceEventKind kLastTraceEventKindV2 = TraceEventKind::step;
 inline constexpr TraceEventKind kLastTraceEventKindV3 = TraceEventKind::chunk_release;
-inline constexpr TraceEventKind kLastTraceEventKind = TraceEventKind::budget_overrun;
+inline constexpr TraceEventKind kLastTraceEventKind = TraceEventKind::min_budget;
 
 struct TraceEvent {
   std::uint64_t time_ns = 0;  // Device::now_ns()

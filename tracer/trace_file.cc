@@ -135,7 +135,8 @@ bool is_event_kind_of_version(std::uint64_t kind, std::uint64_t version) {
 // Allocator events carry no detail or client, in any version.
 bool is_allocator_event_kind(std::uint64_t kind) {
   return kind <= static_cast<std::uint64_t>(kLastTraceEventKindV1) ||
-         kind == static_cast<std::uint64_t>(TraceEventKind::spill_for_allocation);
+         kind == static_cast<std::uint64_t>(TraceEventKind::spill_for_allocation) ||
+         kind == static_cast<std::uint64_t>(TraceEventKind::min_budget);
 }
 
 std::string hex32(std::uint64_t v) {

@@ -18,7 +18,7 @@
 //    the record's two reserved fields became `detail` and `client`).
 //    Version 3 added op begin/end, chunk access/release and op-name records
 //    (Note [Op events] in op_tracer.h; op_name_records.h). Version 4 added
-//    spill_for_allocation and budget_overrun. The writer writes version 4;
+//    spill_for_allocation, budget_overrun and min_budget. The writer writes version 4;
 //    the reader reads 1 to 4, checking each record's kind against
 //    its file's version and version 3's records for coherence (names defined
 //    before use, ops closed by their own op_end), and rejects newer versions

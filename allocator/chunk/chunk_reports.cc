@@ -132,6 +132,13 @@ std::size_t ChunkManager::note_working_set(std::span<const TensorId> tensors,
   if (bytes > min_budget_bytes_) {
     min_budget_bytes_ = bytes;
     min_budget_user_ = std::string(user);
+    if (trace_ != nullptr) {
+      TraceEvent event;
+      event.time_ns = device_.now_ns();
+      event.kind = TraceEventKind::min_budget;
+      event.size = bytes;
+      trace_->record(event);
+    }
   }
   return bytes;
 }

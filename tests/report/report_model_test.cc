@@ -228,5 +228,38 @@ TEST(ReportModel, ChunkDeviceCopiesAreNeverNonModelBytes) {
   }
 }
 
+// Version 4: spills for allocations, budget overruns and the smallest budget
+// are counted, and an overrun is a recommendation that quotes the budget to set.
+TEST(ReportModel, VersionFourSpillsOverrunsAndTheSmallestBudget) {
+  TraceFileContents trace;
+  trace.format_version = 4;
+  trace.metadata = {{"device_budget_bytes", "4096"}};
+  trace.events = {
+      {100, K::alloc, 0, 0xA000, 4096},
+      {100, K::chunk_fetch, 4096, 1, 4096, 0, 0},
+      {150, K::min_budget, 0, 0, 4096},
+      {200, K::budget_overrun, 4096, 2, 4096, 0, 0},
+      {200, K::alloc, 0, 0xB000, 4096},
+      {200, K::chunk_fetch, 4096, 2, 4096, 0, 0},
+      {210, K::min_budget, 0, 0, 8192},
+      {300, K::free, 0, 0xB000, 4096},
+      {300, K::chunk_drop, 4096, 2, 4096, kTraceDetailEviction, 0},
+      {400, K::alloc, 0, 0xC000, 1024},
+      {400, K::spill_for_allocation, 0, 0xC000, 1024},
+  };
+  const ReportModel model = build_report_model(trace);
+  EXPECT_EQ(model.totals.spills_for_allocation, 1u);
+  EXPECT_EQ(model.totals.budget_overruns, 1u);
+  EXPECT_EQ(model.totals.largest_overrun_bytes, 4096u);
+  EXPECT_EQ(model.totals.min_budget_bytes, 8192u);
+  EXPECT_EQ(model.totals.ooms, 0u);
+  const std::vector<std::string> sentences = recommendations(model);
+  ASSERT_FALSE(sentences.empty());
+  EXPECT_NE(sentences[0].find("1 time, so they were made resident past it (by up to 4.00 KiB)"),
+            std::string::npos)
+      << sentences[0];
+  EXPECT_NE(sentences[0].find("smallest budget (8.00 KiB)"), std::string::npos) << sentences[0];
+}
+
 }  // namespace
 }  // namespace spillway::report

@@ -188,12 +188,12 @@ TEST(tracer_TraceFile, UnknownKindIsRejected) {
   // The public encoder writes any kind, checksums included: build the event
   // with a bogus kind.
   std::vector<TraceEvent> events = sample_events();
-  events[1].kind = static_cast<TraceEventKind>(18);
+  events[1].kind = static_cast<TraceEventKind>(19);
   const std::string bytes = encode_trace({}, events);
   const TraceReadResult result = parse_trace(bytes);
   ASSERT_FALSE(result.ok());
   EXPECT_NE(result.error.find("byte offset " + std::to_string(40 + 40 + 8) +
-                              ": unknown event kind 18 for format version 4"),
+                              ": unknown event kind 19 for format version 4"),
             std::string::npos)
       << result.error;
 }
@@ -267,15 +267,18 @@ TEST(tracer_TraceFile, Version4SpillAndOverrunRoundTripAndAreNotVersion3Kinds) {
   std::vector<TraceEvent> events = sample_events();
   events.push_back({200, TraceEventKind::spill_for_allocation, 0, 0x7000, 4096});
   events.push_back({210, TraceEventKind::budget_overrun, 2 << 20, 3, 1 << 20, 0, 2});
+  events.push_back({220, TraceEventKind::min_budget, 0, 0, 4 << 20});
   const TraceReadResult result = parse_trace(encode_trace({}, events));
   ASSERT_TRUE(result.ok()) << result.error;
   EXPECT_EQ(result.trace->format_version, 4u);
   ASSERT_EQ(result.trace->events.size(), events.size());
-  EXPECT_EQ(result.trace->events.back().kind, TraceEventKind::budget_overrun);
-  EXPECT_EQ(result.trace->events.back().client, 2u);
-  EXPECT_EQ(result.trace->events.back().size, 1u << 20);
+  const TraceEvent& overrun = result.trace->events[events.size() - 2];
+  EXPECT_EQ(overrun.kind, TraceEventKind::budget_overrun);
+  EXPECT_EQ(overrun.client, 2u);
+  EXPECT_EQ(overrun.size, 1u << 20);
+  EXPECT_EQ(result.trace->events.back().size, 4u << 20);
 
-  TraceEvent spill_with_client = events[events.size() - 2];
+  TraceEvent spill_with_client = events[events.size() - 3];
   spill_with_client.client = 1;
   std::vector<TraceEvent> corrupt = sample_events();
   corrupt.push_back(spill_with_client);

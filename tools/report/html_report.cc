@@ -172,6 +172,8 @@ std::string totals_table(const ReportModel& model) {
                         : fmt::format("{} (largest failed request {})", t.ooms,
                                       format_bytes(t.largest_oom_request_bytes)));
   table_row(&out, "spills for allocations", std::to_string(t.spills_for_allocation));
+  table_row(&out, "smallest budget (largest set of chunks one op needed)",
+            t.min_budget_bytes == 0 ? std::string("not recorded") : bytes_cell(t.min_budget_bytes));
   table_row(&out, "budget overruns",
             t.budget_overruns == 0 ? std::string("0")
                                    : fmt::format("{} (largest {})", t.budget_overruns,

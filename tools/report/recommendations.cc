@@ -32,10 +32,12 @@ std::vector<std::string> recommendations(const ReportModel& model) {
   if (totals.budget_overruns > 0) {
     out.push_back(fmt::format(
         "An op needed chunks that did not fit in the budget {} time{}, so they were made resident "
-        "past it (by up to {}). Raise device_budget to at least the run's min_budget_bytes, or "
-        "lower chunk_size so that an op's chunks hold less besides its own tensors.",
+        "past it (by up to {}). Raise device_budget to at least the run's smallest budget ({}), "
+        "or lower chunk_size so that an op's chunks hold less besides its own tensors.",
         totals.budget_overruns, totals.budget_overruns == 1 ? "" : "s",
-        format_bytes(totals.largest_overrun_bytes)));
+        format_bytes(totals.largest_overrun_bytes),
+        totals.min_budget_bytes > 0 ? format_bytes(totals.min_budget_bytes)
+                                    : std::string("min_budget_bytes in memory_stats")));
   }
   if (model.device_budget_bytes && *model.device_budget_bytes > 0 && totals.ooms == 0 &&
       totals.evictions == 0 &&

@@ -82,6 +82,9 @@ class ModelBuilder {
         ++totals.budget_overruns;
         totals.largest_overrun_bytes = std::max(totals.largest_overrun_bytes, event.size);
         break;
+      case TraceEventKind::min_budget:
+        totals.min_budget_bytes = std::max(totals.min_budget_bytes, event.size);
+        break;
       case TraceEventKind::chunk_fetch:
         add_fetch(event);
         break;

@@ -119,6 +119,8 @@ struct ReportTotals {
   // Chunks made resident past the budget for an op (version 4).
   std::uint64_t budget_overruns = 0;
   std::uint64_t largest_overrun_bytes = 0;
+  // The largest set of chunks one op needed at once (version 4; 0: not recorded).
+  std::uint64_t min_budget_bytes = 0;
   std::uint64_t steps = 0;
   std::uint64_t ops = 0;              // op_begin events (version 3)
   std::uint64_t ops_after_steps = 0;  // ... after the last step mark

@@ -60,6 +60,10 @@ std::string summary_text(const ReportModel& model, std::string_view trace_name) 
     out += "out-of-memories: 0\n";
   }
   fmt::format_to(line, "spills for allocations: {}\n", t.spills_for_allocation);
+  if (t.min_budget_bytes > 0) {
+    fmt::format_to(line, "smallest budget (largest set of chunks one op needed): {}\n",
+                   bytes_with_exact(t.min_budget_bytes));
+  }
   if (t.budget_overruns > 0) {
     fmt::format_to(line, "budget overruns: {} (largest {})\n", t.budget_overruns,
                    bytes_with_exact(t.largest_overrun_bytes));

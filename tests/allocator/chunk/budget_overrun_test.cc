@@ -130,7 +130,10 @@ TEST(ChunkBudgetOverrun, FailsWhenTheDeviceHasNoRoomEvenPastTheBudget) {
 }
 
 TEST(ChunkSmallestBudget, TheLargestSetOfDistinctChunksOneUserNeeds) {
-  ChunkRig rig;
+  RecordingTraceSink trace;
+  ChunkRigOptions options;
+  options.trace = &trace;
+  ChunkRig rig(options);
   ChunkManager& chunks = *rig.chunks;
   const ClientId client = chunks.add_client("m");
   const TensorId a = register_ok(chunks, client, 1 * MiB, "a");
@@ -143,6 +146,11 @@ TEST(ChunkSmallestBudget, TheLargestSetOfDistinctChunksOneUserNeeds) {
   EXPECT_EQ(chunks.note_working_set(std::vector<TensorId>{c}, "aten::relu"), 2 * MiB);
   EXPECT_EQ(chunks.min_budget_bytes(), 4 * MiB);
   EXPECT_EQ(chunks.min_budget_user(), "aten::addmm");
+  // Traced each time it grows.
+  const std::vector<TraceEvent> grown = trace.of_kind(TraceEventKind::min_budget);
+  ASSERT_EQ(grown.size(), 2u);
+  EXPECT_EQ(grown[0].size, 2 * MiB);
+  EXPECT_EQ(grown[1].size, 4 * MiB);
 }
 
 }  // namespace
