@@ -156,6 +156,86 @@ void check_still_managed(const ParamRecord& record) {
                              " was unmanaged while the optimizer holds its state");
 }
 
+std::size_t bytes_per_element(cpu::DType type) { return type == cpu::DType::f32 ? 4 : 2; }
+
+// One array of an update (param, grad, master or a state slot) and where it
+// lies, for Note [One kernel call per run].
+struct Part {
+  TensorId id{};
+  AccessMode access = AccessMode::read;
+  std::size_t bytes = 0;
+  bool placed = false;  // chunk and offset known
+  ChunkId chunk{};
+  std::size_t offset = 0;
+};
+
+// A parameter that steps now: its record and its arrays in acquire order.
+struct Due {
+  ParamRecord* record = nullptr;
+  cpu::DType grad_dtype = cpu::DType::f32;
+  std::vector<Part> parts;
+};
+
+Due due_update(ChunkManager& chunks, ParamRecord& record, cpu::DType grad_dtype, int slots) {
+  Due due;
+  due.record = &record;
+  due.grad_dtype = grad_dtype;
+  // The arrays of an update, in acquire order, and their access.
+  due.parts.push_back({record.managed->param_id, AccessMode::read_write,
+                       record.count * bytes_per_element(record.dtype)});
+  due.parts.push_back(
+      {record.managed->grad_id, AccessMode::read, record.count * bytes_per_element(grad_dtype)});
+  if (record.low_precision())
+    due.parts.push_back({record.master, AccessMode::read_write, record.count * sizeof(float)});
+  for (int slot = 0; slot < slots; ++slot)
+    due.parts.push_back({record.state[slot], AccessMode::read_write, record.count * sizeof(float)});
+  for (Part& part : due.parts) {
+    const std::optional<TensorInfo> info = chunks.tensor_info(part.id);
+    // Unknown places (or bytes other than the kernel's) join no run.
+    part.placed = info && info->bytes == part.bytes;
+    if (part.placed) {
+      part.chunk = info->chunk;
+      part.offset = info->offset;
+    }
+  }
+  return due;
+}
+
+// Note [One kernel call per run]
+// The kernels are elementwise, so parameters whose arrays follow each other
+// in memory update with one call over the concatenated range, bit for bit as
+// with one call each: fewer fixed costs (the pool's fork and join, the
+// acquires' locks), which matter for the many small tensors of a transformer.
+// A run is a sequence of a group's parameters, in the group's order, that
+// share
+//  - the group (options) and the state slots: runs never cross groups;
+//  - the parameter and gradient dtypes (a master copy iff low precision);
+//  - the step number and state_fresh: the bias correction and the first
+//    step's initialisation are per call;
+// and whose every array (param, grad, master, each state slot) starts in the
+// same chunk where the previous parameter's ends. A parameter that does not
+// step (no gradient, frozen, tied and stepped already) leaves a hole in the
+// arrays and so cuts the run, as does the chunk packer's alignment padding
+// after a tensor whose bytes are not a multiple of it. Each tensor is still
+// acquired on its own, so every byte the kernel touches is in an acquired
+// tensor; the addresses handed out are checked to be back to back too.
+// grad_scale is the step's, the same for every run.
+bool continues_run(const Due& previous, const Due& next) {
+  const ParamRecord& a = *previous.record;
+  const ParamRecord& b = *next.record;
+  if (a.dtype != b.dtype || previous.grad_dtype != next.grad_dtype || a.step != b.step ||
+      a.state_started != b.state_started || previous.parts.size() != next.parts.size())
+    return false;
+  for (std::size_t i = 0; i < previous.parts.size(); ++i) {
+    const Part& before = previous.parts[i];
+    const Part& after = next.parts[i];
+    if (!before.placed || !after.placed || before.chunk != after.chunk ||
+        before.offset + before.bytes != after.offset)
+      return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 struct ChunkedOptimizer::Impl {
@@ -171,6 +251,12 @@ struct ChunkedOptimizer::Impl {
     const auto found = records.find(storage_of(param));
     return found == records.end() ? nullptr : found->second.get();
   }
+
+  // Acquires a run's tensors (Note [One kernel call per run]), updates them
+  // with one kernel call where Note [Where an update runs] says, and counts it.
+  void update_run(ChunkedOptimizer& optimizer, ChunkManager& chunks,
+                  const torch::optim::OptimizerOptions& options, int slots,
+                  const std::vector<Due>& run, double grad_scale, bool on_cuda, std::size_t budget);
 };
 
 ChunkedOptimizer::ChunkedOptimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
@@ -299,6 +385,8 @@ void ChunkedOptimizer::step_scaled(double grad_scale) {
   for (const auto& group : param_groups_) {
     const torch::optim::OptimizerOptions& options = group.options();
     const int slots = state_slots(options);
+    // The group's parameters that step now, in order, then cut into runs.
+    std::vector<Due> due;
     for (const torch::Tensor& param : group.params()) {
       ParamRecord* record = impl_->find(param);
       if (record == nullptr || !stepped.insert(record).second) continue;
@@ -312,82 +400,110 @@ void ChunkedOptimizer::step_scaled(double grad_scale) {
         throw std::runtime_error("spillway optim: the gradient of " + record->label +
                                  " is not in its grad chunk (sparse, or another dtype or shape "
                                  "than the parameter)");
-
-      Update update;
-      update.count = record->count;
-      update.grad_dtype = kernel_dtype(grad.scalar_type(), "a gradient");
-      update.params_low_dtype = record->dtype;
-      update.grad_scale = static_cast<float>(grad_scale);
-      update.step = record->step + 1;
-      update.state_fresh = !record->state_started;
-
-      // The tensors of this update, in acquire order, and their access.
-      struct Part {
-        TensorId id;
-        AccessMode access;
-      };
-      std::vector<Part> parts{{record->managed->param_id, AccessMode::read_write},
-                              {record->managed->grad_id, AccessMode::read}};
-      if (record->low_precision()) parts.push_back({record->master, AccessMode::read_write});
-      for (int slot = 0; slot < slots; ++slot)
-        parts.push_back({record->state[slot], AccessMode::read_write});
-      auto fill = [&](const std::vector<void*>& addresses) {
-        update.params = static_cast<float*>(addresses[0]);
-        update.grads = addresses[1];
-        std::size_t next = 2;
-        if (record->low_precision()) {
-          update.params_low = addresses[0];
-          update.params = static_cast<float*>(addresses[next++]);
-        }
-        for (int slot = 0; slot < slots; ++slot)
-          update.state[slot] = static_cast<float*>(addresses[next++]);
-      };
-
-      // Note [Where an update runs].
-      bool done = false;
-      const std::optional<TensorInfo> where = chunks.tensor_info(record->managed->param_id);
-      if (where && where->location == Location::device) {
-        std::unordered_set<std::uint32_t> distinct;
-        std::size_t capacity = 0;
-        for (const Part& part : parts) {
-          const std::optional<TensorInfo> info = chunks.tensor_info(part.id);
-          if (!info || !distinct.insert(static_cast<std::uint32_t>(info->chunk)).second) continue;
-          if (const std::optional<ChunkInfo> chunk = chunks.chunk_info(info->chunk))
-            capacity += chunk->capacity_bytes;
-        }
-        if (capacity <= budget) {
-          const Stream stream{};
-          Acquisitions device(chunks, /*on_host=*/false, stream);
-          std::vector<void*> addresses;
-          for (const Part& part : parts) {
-            void* address =
-                device.acquire(part.id, part.access, on_cuda ? WaitMode::stream : WaitMode::host);
-            if (address == nullptr) break;
-            addresses.push_back(address);
-          }
-          if (addresses.size() == parts.size()) {
-            fill(addresses);
-            run_update(options, update, on_cuda ? Target::cuda : Target::cpu, stream.handle);
-            ++impl_->placement.device;
-            done = true;
-          }
-        }
-      }
-      if (!done) {
-        Acquisitions host(chunks, /*on_host=*/true, Stream{});
-        std::vector<void*> addresses;
-        for (const Part& part : parts) {
-          void* address = host.acquire(part.id, part.access, WaitMode::host);
-          if (address == nullptr) throw chunk_failure("acquiring the tensors of " + record->label);
-          addresses.push_back(address);
-        }
-        fill(addresses);
-        run_update(options, update, Target::cpu, nullptr);
-        ++impl_->placement.host;
-      }
-      record->step = update.step;
-      if (slots > 0) record->state_started = true;
+      due.push_back(
+          due_update(chunks, *record, kernel_dtype(grad.scalar_type(), "a gradient"), slots));
     }
+    std::size_t begin = 0;
+    while (begin < due.size()) {
+      std::size_t end = begin + 1;
+      while (end < due.size() && continues_run(due[end - 1], due[end])) ++end;
+      const std::vector<Due> run(due.begin() + static_cast<std::ptrdiff_t>(begin),
+                                 due.begin() + static_cast<std::ptrdiff_t>(end));
+      impl_->update_run(*this, chunks, options, slots, run, grad_scale, on_cuda, budget);
+      begin = end;
+    }
+  }
+}
+
+void ChunkedOptimizer::Impl::update_run(ChunkedOptimizer& optimizer, ChunkManager& chunks,
+                                        const torch::optim::OptimizerOptions& options, int slots,
+                                        const std::vector<Due>& run, double grad_scale,
+                                        bool on_cuda, std::size_t budget) {
+  const ParamRecord& first = *run.front().record;
+  ChunkedOptimizer::Update update;
+  for (const Due& due : run) update.count += due.record->count;
+  update.grad_dtype = run.front().grad_dtype;
+  update.params_low_dtype = first.dtype;
+  update.grad_scale = static_cast<float>(grad_scale);
+  update.step = first.step + 1;
+  update.state_fresh = !first.state_started;
+  const std::size_t arrays = run.front().parts.size();
+
+  // Acquires every tensor of the run; the first parameter's addresses, or
+  // empty when the chunk manager refused one.
+  auto acquire_run = [&](Acquisitions& acquisitions, WaitMode wait) {
+    std::vector<void*> starts(arrays, nullptr);
+    std::vector<char*> ends(arrays, nullptr);
+    for (const Due& due : run) {
+      for (std::size_t i = 0; i < arrays; ++i) {
+        const Part& part = due.parts[i];
+        void* address = acquisitions.acquire(part.id, part.access, wait);
+        if (address == nullptr) return std::vector<void*>{};
+        if (starts[i] == nullptr) {
+          starts[i] = address;
+        } else if (address != ends[i]) {
+          throw std::logic_error("spillway optim: the tensors of a run are not back to back (" +
+                                 due.record->label + "); Note [One kernel call per run]");
+        }
+        ends[i] = static_cast<char*>(address) + part.bytes;
+      }
+    }
+    return starts;
+  };
+  auto fill = [&](const std::vector<void*>& addresses) {
+    update.params = static_cast<float*>(addresses[0]);
+    update.grads = addresses[1];
+    std::size_t next = 2;
+    if (first.low_precision()) {
+      update.params_low = addresses[0];
+      update.params = static_cast<float*>(addresses[next++]);
+    }
+    for (int slot = 0; slot < slots; ++slot)
+      update.state[slot] = static_cast<float*>(addresses[next++]);
+  };
+
+  // Note [Where an update runs]: the run's parameters share a chunk.
+  bool done = false;
+  const std::optional<TensorInfo> where = chunks.tensor_info(first.managed->param_id);
+  if (where && where->location == Location::device) {
+    std::unordered_set<std::uint32_t> distinct;
+    std::size_t capacity = 0;
+    for (const Due& due : run) {
+      for (const Part& part : due.parts) {
+        const std::optional<TensorInfo> info = chunks.tensor_info(part.id);
+        if (!info || !distinct.insert(static_cast<std::uint32_t>(info->chunk)).second) continue;
+        if (const std::optional<ChunkInfo> chunk = chunks.chunk_info(info->chunk))
+          capacity += chunk->capacity_bytes;
+      }
+    }
+    if (capacity <= budget) {
+      const Stream stream{};
+      Acquisitions device(chunks, /*on_host=*/false, stream);
+      const std::vector<void*> addresses =
+          acquire_run(device, on_cuda ? WaitMode::stream : WaitMode::host);
+      if (!addresses.empty()) {
+        fill(addresses);
+        optimizer.run_update(
+            options, update,
+            on_cuda ? ChunkedOptimizer::Target::cuda : ChunkedOptimizer::Target::cpu,
+            stream.handle);
+        placement.device += static_cast<std::int64_t>(run.size());
+        done = true;
+      }
+    }
+  }
+  if (!done) {
+    Acquisitions host(chunks, /*on_host=*/true, Stream{});
+    const std::vector<void*> addresses = acquire_run(host, WaitMode::host);
+    if (addresses.empty()) throw chunk_failure("acquiring the tensors of " + first.label);
+    fill(addresses);
+    optimizer.run_update(options, update, ChunkedOptimizer::Target::cpu, nullptr);
+    placement.host += static_cast<std::int64_t>(run.size());
+  }
+  ++placement.kernel_calls;
+  for (const Due& due : run) {
+    due.record->step = update.step;
+    if (slots > 0) due.record->state_started = true;
   }
 }
 

@@ -41,10 +41,13 @@ struct GradientSummary {
   bool found_inf = false;  // some gradient element is +-inf or NaN
 };
 
-// Where updates ran, per parameter and step (for tests and tuning).
+// Where updates ran, per parameter and step, and how many kernel calls they
+// took: one per run of back-to-back parameters (Note [One kernel call per
+// run] in chunked_optimizer.cc). For tests and tuning.
 struct UpdatePlacement {
   std::int64_t host = 0;
   std::int64_t device = 0;
+  std::int64_t kernel_calls = 0;
 };
 
 class ChunkedOptimizer : public torch::optim::Optimizer {
@@ -94,7 +97,8 @@ class ChunkedOptimizer : public torch::optim::Optimizer {
   UpdatePlacement placement() const;
 
  protected:
-  // What one parameter's update works on, wherever it runs. `state` has
+  // What one update works on, wherever it runs: one parameter's arrays, or a
+  // run of parameters laid back to back in all of them. `state` has
   // state_slots() arrays; `params` is the fp32 parameter or master copy.
   struct Update {
     std::size_t count = 0;
@@ -105,7 +109,7 @@ class ChunkedOptimizer : public torch::optim::Optimizer {
     void* params_low = nullptr;
     cpu::DType params_low_dtype = cpu::DType::bf16;
     float grad_scale = 1.0f;
-    std::int64_t step = 1;     // this parameter's step number, 1-based
+    std::int64_t step = 1;     // the parameters' step number, 1-based
     bool state_fresh = false;  // the state has never been updated before
   };
   enum class Target { cpu, cuda };

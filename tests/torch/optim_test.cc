@@ -139,6 +139,11 @@ TEST_P(ChunkedOptimizerParity, MatchesTorchOver50Steps) {
   const std::int64_t tensors = static_cast<std::int64_t>(model->parameters().size());
   EXPECT_EQ(placement.host + placement.device, tensors * kSteps);
   if (budget_override() != nullptr) EXPECT_GT(placement.device, 0);
+  // Back-to-back parameters share a kernel call (Note [One kernel call per run]).
+  std::printf("%s: %lld kernel calls for %lld parameter updates\n", GetParam().name,
+              static_cast<long long>(placement.kernel_calls),
+              static_cast<long long>(placement.host + placement.device));
+  EXPECT_LT(placement.kernel_calls, placement.host + placement.device);
 
   // The state is the optimizer client's, in chunks; chunks moved under the budget.
   const nlohmann::json clients = stats().at("clients");
@@ -486,6 +491,105 @@ TEST(ChunkedOptimizer, AddedParamGroupTrainsAsTorch) {
         << "step " << step << ": max relative difference "
         << max_relative_difference(model->parameters(), reference->parameters());
   }
+}
+
+// Note [One kernel call per run]: parameters laid back to back in every
+// array update with one kernel call, and the runs split where they must: at a
+// group, a dtype, a parameter without a gradient (torch skips it), a step
+// count behind (that parameter's bias correction differs), and the padding
+// after a tensor whose bytes are not a multiple of the chunk alignment. The
+// results stay bit-identical to torch's AdamW, also for the bf16 parameters'
+// fp32 master copies, and a tied parameter (listed again in the second group)
+// is stepped once. Splitting less (ignoring a hole, or the step counts) or
+// more shows in the kernel calls per step, and the former in the values.
+TEST(ChunkedOptimizer, OneKernelCallPerRunOfBackToBackParameters) {
+  constexpr int kSteps = 6;
+  torch::set_num_threads(1);
+  configure_spillway();
+  torch::manual_seed(16);
+  // Group A: five fp32 parameters, the fourth (a3) without a gradient at
+  // steps 0 and 2, then two bf16 ones. Group B: four fp32 parameters, b2 of
+  // 100 elements (400 bytes, padded to the 256-byte alignment), then a1 again.
+  struct Spec {
+    std::vector<std::int64_t> shape;
+    torch::ScalarType dtype;
+  };
+  const std::vector<Spec> specs_a = {{{64, 256}, torch::kFloat},  {{512}, torch::kFloat},
+                                     {{128, 128}, torch::kFloat}, {{256}, torch::kFloat},
+                                     {{1024}, torch::kFloat},     {{128, 64}, torch::kBFloat16},
+                                     {{256}, torch::kBFloat16}};
+  const std::vector<Spec> specs_b = {{{64, 128}, torch::kFloat},
+                                     {{256}, torch::kFloat},
+                                     {{100}, torch::kFloat},
+                                     {{128}, torch::kFloat}};
+  constexpr std::size_t kSkipped = 3;  // a3
+  auto make = [](const std::vector<Spec>& specs, std::vector<torch::Tensor>& ours,
+                 std::vector<torch::Tensor>& theirs) {
+    for (const Spec& spec : specs) {
+      const torch::Tensor value = torch::randn(spec.shape).to(spec.dtype);
+      ours.push_back(value.clone().set_requires_grad(true));
+      // torch steps the fp32 master copy's equal: the value widened.
+      theirs.push_back(value.to(torch::kFloat).set_requires_grad(true));
+    }
+  };
+  std::vector<torch::Tensor> ours_a, theirs_a, ours_b, theirs_b;
+  make(specs_a, ours_a, theirs_a);
+  make(specs_b, ours_b, theirs_b);
+  const auto options_a = torch::optim::AdamWOptions(1e-3).weight_decay(1e-2);
+  const auto options_b = torch::optim::AdamWOptions(5e-3).betas({0.8, 0.99}).weight_decay(0.1);
+  auto groups = [](std::vector<torch::Tensor> a, std::vector<torch::Tensor> b, auto oa, auto ob) {
+    std::vector<torch::optim::OptimizerParamGroup> made;
+    made.emplace_back(std::move(a), std::make_unique<torch::optim::AdamWOptions>(oa));
+    made.emplace_back(std::move(b), std::make_unique<torch::optim::AdamWOptions>(ob));
+    return made;
+  };
+  std::vector<torch::Tensor> ours_b_tied = ours_b;
+  ours_b_tied.push_back(ours_a[1]);
+  torch::optim::AdamW reference(groups(theirs_a, theirs_b, options_a, options_b), options_a);
+  spillway::optim::AdamW adamw(groups(ours_a, ours_b_tied, options_a, options_b), options_a);
+
+  std::vector<torch::Tensor> ours = ours_a;
+  ours.insert(ours.end(), ours_b.begin(), ours_b.end());
+  std::vector<torch::Tensor> theirs = theirs_a;
+  theirs.insert(theirs.end(), theirs_b.begin(), theirs_b.end());
+  // Runs per step: A fp32 [a0 a1 a2] [a3] [a4], A bf16 [a5 a6], B [b0 b1 b2]
+  // [b3]; a3 is missing at steps 0 and 2, and is a step behind (fresh at
+  // step 1) afterwards, so a run of its own.
+  const std::int64_t expected_calls[kSteps] = {5, 6, 5, 6, 6, 6};
+  for (int step = 0; step < kSteps; ++step) {
+    for (std::size_t i = 0; i < ours.size(); ++i) {
+      const bool skip = i == kSkipped && (step == 0 || step == 2);
+      // The gradient in the parameter's dtype; torch's is its exact widening.
+      const torch::Tensor grad = torch::randn(ours[i].sizes()).to(ours[i].scalar_type());
+      if (skip) {
+        ours[i].mutable_grad().reset();
+        theirs[i].mutable_grad().reset();
+      } else {
+        ours[i].mutable_grad() = grad.clone();
+        theirs[i].mutable_grad() = grad.to(torch::kFloat);
+      }
+    }
+    const std::int64_t calls_before = adamw.placement().kernel_calls;
+    reference.step();
+    adamw.step();
+    EXPECT_EQ(adamw.placement().kernel_calls - calls_before, expected_calls[step])
+        << "step " << step;
+    for (std::size_t i = 0; i < ours.size(); ++i) {
+      const torch::Tensor expected = theirs[i].detach().to(ours[i].scalar_type());
+      EXPECT_TRUE(torch::equal(ours[i].detach(), expected))
+          << "step " << step << ", parameter " << i << ": max difference "
+          << (ours[i].detach().to(torch::kDouble) - expected.to(torch::kDouble)).abs().max();
+      if (ours[i].scalar_type() == torch::kBFloat16) {
+        const auto state = adamw.param_state(ours[i]);
+        ASSERT_TRUE(state.has_value());
+        EXPECT_TRUE(torch::equal(state->master, theirs[i].detach().view({-1})))
+            << "step " << step << ", the master copy of parameter " << i;
+      }
+    }
+  }
+  // The tied a1 stepped once per step, the skipped a3 four times.
+  EXPECT_EQ(adamw.param_state(ours_a[1])->step, kSteps);
+  EXPECT_EQ(adamw.param_state(ours_a[kSkipped])->step, kSteps - 2);
 }
 
 TEST(ChunkedOptimizer, AmsgradIsRejectedByName) {
