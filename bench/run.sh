@@ -12,6 +12,11 @@
 #                  add_executable(bench_NAME ...) line in bench/*/CMakeLists.txt.
 #   PROGRAM_ARGS   passed to every program, e.g. -- --benchmark_min_time=0.1
 #
+# A program with a Python side, bench/*/bench_NAME_compare.py (comparisons
+# with Python libraries, as optim's with DeepSpeed and torch), has it run
+# next, with the build folder and the project's interpreter (SPILLWAY_PYTHON
+# from the CMake cache); its metric lines join the program's.
+#
 # Environment:
 #   SPILLWAY_BENCH_BUILD_DIR  build folder (default: build-release/ at the repo root)
 #   SPILLWAY_BENCH_JOBS       parallel build jobs (default: nproc)
@@ -79,6 +84,14 @@ for name in "${names[@]}"; do
   echo "# running bench_$name${program_args[*]:+ ${program_args[*]}}"
   if ! "$program" "${program_args[@]}" | tee -a "$output"; then
     failed+=("bench_$name")
+  fi
+  compare="$(find "$repo/bench" -name "bench_${name}_compare.py" | head -n 1)"
+  if [[ -n "$compare" ]]; then
+    python="$(sed -n 's/^SPILLWAY_PYTHON:[A-Z]*=//p' "$build/CMakeCache.txt")"
+    echo "# running ${compare#"$repo"/}"
+    if ! "${python:-python3}" "$compare" --build "$build" | tee -a "$output"; then
+      failed+=("${compare#"$repo"/}")
+    fi
   fi
 done
 

@@ -2,11 +2,20 @@
 // bound, and how it compares with torch::optim::Adam, as metric lines.
 //
 //   metric stream_copy_bandwidth   STREAM-like copy over all cores: bytes read +
-//                                  written per second (GB/s), arrays >> cache
-//   metric cpu_adam_params_per_s   spillway's fp32 Adam step, all cores, 64M params
-//   metric cpu_adam_vs_bound       cpu_adam_params_per_s over the bound
-//                                  stream_copy_bandwidth / 28 bytes per parameter
-//                                  (p, g, m, v read; p, m, v written); goal >= 0.85
+//                                  written per second (GB/s), arrays >> cache;
+//                                  for reference only (Note [The Adam bound])
+//   metric adam_stream_bandwidth   the Adam-shaped in-place stream over all
+//                                  cores: 4 fp32 arrays read, 3 written back
+//                                  with ordinary stores, 28 bytes per element
+//                                  (GB/s); the bound (Note [The Adam bound]),
+//                                  timed in turns with the next
+//   metric cpu_adam_params_per_s   spillway's fp32 Adam step, all cores, 64M
+//                                  params (best of 20)
+//   metric cpu_adam_vs_bound       spillway's Adam over the bound: the median
+//                                  over rounds of stream time / Adam time,
+//                                  each pair back to back; goal 0.9-1.0.
+//                                  Above 1.02 the bound is wrong: bench_optim
+//                                  exits non-zero
 //   metric cpu_adam_torch_params_per_s  torch::optim::Adam on the same sizes (with Torch)
 //   metric cpu_adam_vs_torch       spillway over torch; goal >= 1.6 (with Torch)
 //   metric cpu_adam_torch_sqrt_params_per_s  spillway's Adam with torch's square
@@ -20,16 +29,38 @@
 // Plus, in the table only: each ISA variant, mixed precision (bf16 grads and
 // params with fp32 master and state), and the gradient statistics pass.
 // Ratios need the benchmarks they divide by in the same run (the default).
+// The comparison with DeepSpeed's CPUAdam and torch's fused and foreach AdamW
+// is bench_optim_compare.py's, which bench/run.sh optim runs next.
 //
 //   bench_optim [--benchmark_* flags]
+//
+// Note [The Adam bound]
+// An in-place Adam step reads p, g, m and v and writes p, m and v back to the
+// lines it has just read, so with ordinary stores it moves exactly 28 bytes
+// per parameter and no more (no read-for-ownership: the lines are already in
+// the cache). Its ceiling is therefore a stream of that shape, not a copy: a
+// multi-threaded memcpy uses non-temporal stores and a different read/write
+// mix, and measured about half the in-place stream here, which made a kernel
+// look 1.5-1.7 times "above" its bound. The stream below does the same
+// accesses with trivial arithmetic, on OpenMP's pool and split over the
+// threads as the kernel splits a call (one contiguous range each), with
+// vectors as wide and, as in the kernel, all four loads of an element before
+// its three stores: the arrays share their offsets within 4 KiB pages, and
+// the compiler's own order (load p, store p, load m, ...) made each load wait
+// on the store before it, a stream 4-10% slower than the kernel. A kernel cannot beat it by more
+// than noise, so a ratio above kBoundSlack means the bound is mis-measured
+// and the run fails; that is the only figure bench_optim checks. The stream
+// is adam_shaped_stream.cc.
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "bench/common/metric_reporter.h"
+#include "bench/optim/adam_shaped_stream.h"
 #include "hooks/optim/cpu_kernels.h"
 
 #ifdef SPILLWAY_BENCH_OPTIM_WITH_TORCH
@@ -47,10 +78,11 @@ namespace cpu = spillway::optim::cpu;
 constexpr std::size_t kLargeParams = std::size_t{64} << 20;  // 256 MiB per fp32 array
 constexpr std::size_t kTableParams = std::size_t{16} << 20;
 constexpr double kAdamBytesPerParam = 28.0;
+constexpr double kBoundSlack = 1.02;  // Note [The Adam bound]
 
 // Best figures seen in this run; the ratios are formed from them.
-double g_stream_bytes_per_s = 0.0;
 double g_spillway_params_per_s = 0.0;
+bool g_bound_exceeded = false;
 
 int all_cores() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
 
@@ -85,10 +117,14 @@ void BM_StreamCopy(benchmark::State& state) {
     benchmark::DoNotOptimize(destination.data());
   }
   const double bytes_per_s = 2.0 * count * sizeof(float) / best_seconds;  // read + write
-  g_stream_bytes_per_s = std::max(g_stream_bytes_per_s, bytes_per_s);
   state.counters[metric_counter("stream_copy_bandwidth", "GB/s")] = bytes_per_s / 1e9;
 }
 BENCHMARK(BM_StreamCopy)->Iterations(10)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
 
 struct AdamState {
   explicit AdamState(std::size_t count)
@@ -132,18 +168,63 @@ double spillway_adam_params_per_s(benchmark::State& state, cpu::SqrtFunction sqr
   });
 }
 
+// spillway's AdamW and the bound (Note [The Adam bound]) in turns on the
+// same arrays: on a shared machine a bound measured apart from the kernel
+// meets other load than the kernel did. Throughputs are the best of each.
 void BM_SpillwayAdam(benchmark::State& state) {
-  const double params_per_s = spillway_adam_params_per_s(state, nullptr);
-  g_spillway_params_per_s = std::max(g_spillway_params_per_s, params_per_s);
-  state.counters[metric_counter("cpu_adam_params_per_s", "params/s")] = params_per_s;
-  if (g_stream_bytes_per_s > 0) {
-    const double bound = g_stream_bytes_per_s / kAdamBytesPerParam;
-    report_metric("cpu_adam_vs_bound", g_spillway_params_per_s / bound, "ratio");
+  const std::size_t count = kLargeParams;
+  AdamState adam(count);
+  cpu::AdamConfig config;
+  config.weight_decay = 0.01;
+  config.decoupled_weight_decay = true;
+  const int threads = all_cores();
+  auto adam_step = [&] {
+    config.step += 1;
+    cpu::adam_step({count, adam.params.data(), adam.grads.data(), cpu::DType::f32,
+                    adam.exp_avg.data(), adam.exp_avg_sq.data()},
+                   config, {cpu::Isa::automatic, threads});
+  };
+  auto stream = [&] {
+    adam_shaped_stream(count, adam.params.data(), adam.grads.data(), adam.exp_avg.data(),
+                       adam.exp_avg_sq.data(), threads);
+  };
+  config.step = 0;
+  adam_step();  // warm: the pool's threads start
+  stream();
+  double best_adam = 1e30;
+  double best_stream = 1e30;
+  std::vector<double> stream_over_adam;  // per round: the kernel's time in bound units
+  auto timed = [](const auto& pass) {
+    const auto start = std::chrono::steady_clock::now();
+    pass();
+    return seconds_since(start);
+  };
+  bool stream_first = true;  // alternated: neither always follows the other
+  for (auto _ : state) {
+    const double first = stream_first ? timed(stream) : timed(adam_step);
+    const double second = stream_first ? timed(adam_step) : timed(stream);
+    const double stream_seconds = stream_first ? first : second;
+    const double adam_seconds = stream_first ? second : first;
+    stream_first = !stream_first;
+    best_stream = std::min(best_stream, stream_seconds);
+    best_adam = std::min(best_adam, adam_seconds);
+    stream_over_adam.push_back(stream_seconds / adam_seconds);
   }
+  const double params_per_s = static_cast<double>(count) / best_adam;
+  const double stream_bytes_per_s = kAdamBytesPerParam * static_cast<double>(count) / best_stream;
+  g_spillway_params_per_s = std::max(g_spillway_params_per_s, params_per_s);
+  state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(count));
+  state.counters[metric_counter("cpu_adam_params_per_s", "params/s")] = params_per_s;
+  state.counters[metric_counter("adam_stream_bandwidth", "GB/s")] = stream_bytes_per_s / 1e9;
+  // The median of the rounds' ratios: each pair ran back to back, under
+  // the same load, where two best-ofs may come from different moments.
+  const double ratio = median(stream_over_adam);
+  report_metric("cpu_adam_vs_bound", ratio, "ratio");
+  g_bound_exceeded = ratio > kBoundSlack;
   report_note(std::string("cpu adam isa: ") + cpu::isa_name(cpu::best_isa()) + ", threads " +
-              std::to_string(all_cores()));
+              std::to_string(threads));
 }
-BENCHMARK(BM_SpillwayAdam)->Iterations(10)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_SpillwayAdam)->Iterations(20)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 #ifdef SPILLWAY_BENCH_OPTIM_WITH_TORCH
 void BM_TorchAdam(benchmark::State& state) {
@@ -170,11 +251,6 @@ void BM_SpillwayAdamTorchSqrt(benchmark::State& state) {
 }
 BENCHMARK(BM_SpillwayAdamTorchSqrt)->Iterations(10)->UseRealTime()->Unit(benchmark::kMillisecond);
 #endif
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
 
 // The fixed cost of a call: a small AdamW step (one thread's worth of work),
 // default ExecConfig, timed call by call.
@@ -285,5 +361,13 @@ BENCHMARK(BM_GradStats)->Iterations(10)->UseRealTime()->Unit(benchmark::kMillise
 int main(int argc, char** argv) {
   spillway::bench::initialize(&argc, argv);
   spillway::bench::register_isa_benchmarks();
-  return spillway::bench::run_and_report();
+  const int status = spillway::bench::run_and_report();
+  if (spillway::bench::g_bound_exceeded) {
+    std::fprintf(stderr,
+                 "bench_optim: cpu_adam_vs_bound is above %.2f: the kernel beat the Adam-shaped "
+                 "stream, so that bound is mis-measured (Note [The Adam bound])\n",
+                 spillway::bench::kBoundSlack);
+    return 1;
+  }
+  return status;
 }
