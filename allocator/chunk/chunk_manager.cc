@@ -668,13 +668,7 @@ std::uint64_t ChunkManager::end_step() {
   const std::uint64_t step = ++steps_ended_;
   policy_->on_step_end();
   prefetch_planned_locked();  // the next step's first chunks
-  if (trace_ != nullptr) {
-    TraceEvent event;
-    event.time_ns = device_.now_ns();
-    event.kind = TraceEventKind::step;
-    event.address = step;
-    trace_->record(event);
-  }
+  trace_mark_locked(TraceEventKind::step, step, 0);
   return step;
 }
 

@@ -307,6 +307,8 @@ class ChunkManager final : public PressureHandler {
   // A chunk event for the trace (no-op without one); see trace_event.h.
   void trace_chunk_locked(TraceEventKind kind, const Chunk& chunk, std::uint64_t size,
                           std::uint16_t detail = 0);
+  // An event of no chunk (step, min_budget): only its address and size.
+  void trace_mark_locked(TraceEventKind kind, std::uint64_t address, std::uint64_t size);
   std::string tensor_label_locked(const TensorRecord& tensor) const;
   std::string chunk_label_locked(const Chunk& chunk) const;
   std::string describe_in_use_locked() const;

@@ -82,6 +82,17 @@ void ChunkManager::trace_chunk_locked(TraceEventKind kind, const Chunk& chunk, s
   trace_->record(event);
 }
 
+void ChunkManager::trace_mark_locked(TraceEventKind kind, std::uint64_t address,
+                                     std::uint64_t size) {
+  if (trace_ == nullptr) return;
+  TraceEvent event;
+  event.time_ns = device_.now_ns();
+  event.kind = kind;
+  event.address = address;
+  event.size = size;
+  trace_->record(event);
+}
+
 PolicyState ChunkManager::policy_state() const {
   std::lock_guard lock(mutex_);
   return policy_->state();
@@ -132,13 +143,7 @@ std::size_t ChunkManager::note_working_set(std::span<const TensorId> tensors,
   if (bytes > min_budget_bytes_) {
     min_budget_bytes_ = bytes;
     min_budget_user_ = std::string(user);
-    if (trace_ != nullptr) {
-      TraceEvent event;
-      event.time_ns = device_.now_ns();
-      event.kind = TraceEventKind::min_budget;
-      event.size = bytes;
-      trace_->record(event);
-    }
+    trace_mark_locked(TraceEventKind::min_budget, 0, bytes);
   }
   return bytes;
 }
