@@ -7,6 +7,7 @@
 
 #include "hooks/torch/bridge.h"
 #include "hooks/torch/op_gpu_timing.h"
+#include "hooks/torch/sim_torch_allocator.h"
 
 namespace spillway::torch_bridge {
 
@@ -69,9 +70,12 @@ BindingTable& binding_table() {
 ChunkManager& active_chunk_manager() {
   Runtime& runtime = Runtime::process();
   std::string error;
-  if (runtime.allocator(&error) == nullptr) throw std::runtime_error("spillway: " + error);
+  CachingAllocator* allocator = runtime.allocator(&error);
+  if (allocator == nullptr) throw std::runtime_error("spillway: " + error);
   static std::once_flag installed;
-  std::call_once(installed, [&runtime] {
+  std::call_once(installed, [&runtime, allocator] {
+    // Note [torch's CPU allocator on the sim device].
+    if (runtime.device().kind() == DeviceKind::sim) install_sim_torch_allocator(*allocator);
     OpGpuTiming::process().start(runtime);  // before the hooks that push ops to it
     runtime.chunk_manager().add_observer(&binding_table());
     install_op_hooks();

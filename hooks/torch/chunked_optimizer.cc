@@ -19,6 +19,14 @@
 // GPU a CUDA kernel is queued on the stream the chunks are acquired and
 // released on (WaitMode::stream).
 //
+// Note [Host work is not device memory]
+// On the sim device spillway is torch's CPU allocator (Note [torch's CPU
+// allocator on the sim device] in sim_torch_allocator.cc). What a GPU run does
+// in host memory (an update on host-resident chunks, the host tensors that
+// param_state returns and set_param_state and load read) runs in a
+// HostWorkScope, so any torch tensor it makes is host memory, outside the
+// device budget, there too.
+//
 // Note [Gradients outside their chunks]
 // After a set-to-none zero_grad autograd's fresh gradient is copied into the
 // grad chunk first (rebind_grad_if_replaced). A gradient the chunk cannot hold
@@ -40,6 +48,7 @@
 #include "hooks/torch/bridge.h"
 #include "hooks/torch/client_names.h"
 #include "hooks/torch/optim.h"
+#include "hooks/torch/sim_torch_allocator.h"
 #include "hooks/torch/spillway_torch.h"
 #include "hooks/torch/torch_parallel_for.h"
 
@@ -493,6 +502,7 @@ void ChunkedOptimizer::Impl::update_run(ChunkedOptimizer& optimizer, ChunkManage
     }
   }
   if (!done) {
+    torch_bridge::HostWorkScope host_work;  // Note [Host work is not device memory]
     Acquisitions host(chunks, /*on_host=*/true, Stream{});
     const std::vector<void*> addresses = acquire_run(host, WaitMode::host);
     if (addresses.empty()) throw chunk_failure("acquiring the tensors of " + first.label);
@@ -531,6 +541,9 @@ GradientSummary ChunkedOptimizer::gradient_summary(double grad_scale) {
       // On the sim device a resident gradient is read where it is; on a GPU
       // it is read on the host (a copy back; no reduction kernel yet).
       const bool in_place = sim && info && info->location == Location::device;
+      std::optional<torch_bridge::HostWorkScope>
+          host_work;  // Note [Host work is not device memory]
+      if (!in_place) host_work.emplace();
       Acquisitions access(chunks, /*on_host=*/!in_place, Stream{});
       const void* data = access.acquire(id, AccessMode::read, WaitMode::host);
       if (data == nullptr) throw chunk_failure("reading the gradient of " + record->label);
@@ -548,6 +561,7 @@ std::optional<ChunkedOptimizer::ParamState> ChunkedOptimizer::param_state(
   const ParamRecord* record = impl_->find(param);
   if (record == nullptr) return std::nullopt;
   ChunkManager& chunks = torch_bridge::active_chunk_manager();
+  torch_bridge::HostWorkScope host_work;  // Note [Host work is not device memory]
   const auto count = static_cast<std::int64_t>(record->count);
   ParamState state;
   state.step = record->step;
@@ -567,6 +581,7 @@ std::optional<ChunkedOptimizer::ParamState> ChunkedOptimizer::param_state(
 
 void ChunkedOptimizer::set_param_state(const torch::Tensor& param, const ParamState& state) {
   at::NoGradGuard no_grad;
+  torch_bridge::HostWorkScope host_work;  // Note [Host work is not device memory]
   ParamRecord* record = impl_->find(param);
   // Placed afresh only when this state does not fit the placement: a
   // parameter added since, or options that now need more slots (a loaded
@@ -639,6 +654,7 @@ void ChunkedOptimizer::save(torch::serialize::OutputArchive& archive) const {
 
 void ChunkedOptimizer::load(torch::serialize::InputArchive& archive) {
   at::NoGradGuard no_grad;
+  torch_bridge::HostWorkScope host_work;  // Note [Host work is not device memory]
   for (std::size_t g = 0; g < param_groups_.size(); ++g) {
     torch::serialize::InputArchive options;
     if (archive.try_read("spillway/groups/" + std::to_string(g) + "/options", options))

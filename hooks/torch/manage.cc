@@ -111,12 +111,15 @@ std::vector<std::pair<std::string, torch::Tensor>> unnamed(std::vector<torch::Te
 void unbind_storage(ChunkManager& chunks, c10::StorageImpl* storage) {
   std::optional<Binding> binding = binding_table().find(storage);
   if (!binding) return;
+  // Before the acquire: on the sim device this allocation is the device's
+  // (Note [torch's CPU allocator on the sim device]), and may spill chunks or
+  // throw torch's out-of-memory error, which must not leave the chunk pinned.
+  at::DataPtr own = c10::GetAllocator(binding->device.type())->allocate(storage->nbytes());
   void* chunk_address = nullptr;
   if (chunks.acquire(binding->tensor, Stream{}, &chunk_address, AccessMode::read, WaitMode::host) !=
       Status::ok)
     throw std::runtime_error(describe_failure(
         "unmanaging", std::to_string(static_cast<std::uint64_t>(binding->tensor))));
-  at::DataPtr own = c10::GetAllocator(binding->device.type())->allocate(storage->nbytes());
   torch_bridge::copy_bytes(own.get(), chunk_address, storage->nbytes());
   binding_table().erase(storage);
   storage->set_data_ptr_noswap(std::move(own));

@@ -1,7 +1,10 @@
 // The runtime API for Python: configuration, activation, manage / unmanage,
 // statistics, traces and the step boundary. Errors cross as Python
 // exceptions: std::invalid_argument as ValueError, std::runtime_error as
-// RuntimeError, with spillway's message.
+// RuntimeError, c10::OutOfMemoryError (an allocation on the sim device that
+// did not fit, say in unmanage) as torch.OutOfMemoryError, with spillway's
+// message.
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -9,6 +12,7 @@
 
 #include "allocator/config/config.h"
 #include "allocator/runtime.h"
+#include "hooks/torch/sim_torch_allocator.h"
 #include "hooks/torch/spillway_torch.h"
 #include "python/bindings/bindings.h"
 
@@ -24,9 +28,44 @@ std::string checked_device(const std::string& conf) {
   return std::string(to_string(parsed.config->device));
 }
 
+// `with spillway._C._HostWork():` torch's allocations on this thread go to
+// torch's own allocator, off the simulated device (HostWorkScope): for the
+// tests' plain-torch reference runs in a process where spillway is active.
+class HostWork {
+ public:
+  void enter() { scope_.emplace(); }
+  void exit() { scope_.reset(); }
+
+ private:
+  std::optional<torch_bridge::HostWorkScope> scope_;
+};
+
 }  // namespace
 
 void bind_runtime(py::module_& module) {
+  py::register_exception_translator([](std::exception_ptr raised) {
+    try {
+      if (raised) std::rethrow_exception(raised);
+    } catch (const c10::OutOfMemoryError& error) {
+      const py::object type = py::module_::import("torch").attr("OutOfMemoryError");
+      PyErr_SetString(type.ptr(), error.what_without_backtrace());
+    }
+  });
+  // The caching allocator's budget from now on, in bytes (tests size it to
+  // what a model needs outside chunks, as torch's
+  // set_per_process_memory_fraction would).
+  module.def(
+      "_set_device_budget",
+      [](std::size_t bytes) {
+        CachingAllocator* allocator = Runtime::process().active_allocator();
+        if (allocator == nullptr) throw std::runtime_error("spillway is not active");
+        allocator->set_budget_bytes(bytes);
+      },
+      py::arg("bytes"));
+  py::class_<HostWork>(module, "_HostWork")
+      .def(py::init<>())
+      .def("__enter__", [](HostWork& scope) { scope.enter(); })
+      .def("__exit__", [](HostWork& scope, const py::args&) { scope.exit(); });
   module.def("configure", &spillway::configure, py::arg("conf"),
              "Sets the configuration (SPILLWAY_CONF syntax) for activation.");
   module.def("activate", &spillway::activate, py::call_guard<py::gil_scoped_release>(),

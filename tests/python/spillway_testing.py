@@ -1,9 +1,12 @@
 """What the Python tests share: small models, a training loop, a trace reader."""
 
+import contextlib
 import struct
 
 import torch
 import torch.nn.functional as F
+
+import spillway
 
 INPUTS = 128
 WIDTH = 512
@@ -12,9 +15,46 @@ BATCH = 16
 SEQUENCE = 8
 
 # 2 MiB chunks under a 6 MiB budget (3 chunks): each model's parameters and
-# gradients fill several chunks, so every step moves most of them.
+# gradients fill several chunks, so every step moves most of them. On the sim
+# device the budget also holds everything else torch allocates (activations,
+# a torch optimizer's state): a test whose model keeps state outside chunks
+# widens the budget by that much (use_budget_for), so chunks keep about 3
+# chunks' room and still spill.
 SPILLING_CONF = ("device:sim,strict_residency:true,chunk_size:2MiB,device_budget:6MiB,"
                  "sim_capacity:256MiB,policy:lru")
+CHUNK_ROOM_BYTES = 4 << 20  # 2 chunks: what one op or update pins
+ACTIVATION_ROOM_BYTES = 2 << 20  # activations and temporaries: one small-pool slab
+SLAB_BYTES = 2 << 20
+
+
+def slab_bytes_of(tensor):
+    """What a tensor of this size takes of the allocator's slabs: requests up to
+    1 MiB share 2 MiB small-pool slabs (so a 768 KiB one takes half a slab),
+    larger ones whole 2 MiB multiples."""
+    size = -(-tensor.numel() * tensor.element_size() // 512) * 512
+    if size > SLAB_BYTES // 2:
+        return -(-size // SLAB_BYTES) * SLAB_BYTES
+    return SLAB_BYTES // (SLAB_BYTES // size)
+
+
+def use_budget_for(*models_and_state_slots, activation_bytes=ACTIVATION_ROOM_BYTES):
+    """Sets the device budget to 2 chunks' room plus, for each (model, slots),
+    `slots` tensors of each parameter's size kept outside chunks (a torch
+    Adam's exp_avg and exp_avg_sq: 2; SGD's momentum: 1), in the slabs they
+    take, plus `activation_bytes` for activations and temporaries."""
+    outside = sum(slots * slab_bytes_of(param)
+                  for model, slots in models_and_state_slots for param in model.parameters())
+    outside = -(-outside // SLAB_BYTES) * SLAB_BYTES
+    spillway._C._set_device_budget(CHUNK_ROOM_BYTES + activation_bytes + outside)
+
+
+@contextlib.contextmanager
+def plain_torch():
+    """Plain torch on torch's own memory, off the simulated device: the
+    reference runs, which would otherwise share the budget with the model
+    under test (docs/torch-bridge.md, "Sim mode is a faithful GPU")."""
+    with spillway._C._HostWork():
+        yield
 
 
 def make_mlp(seed):

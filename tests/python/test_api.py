@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import spillway
 from spillway_testing import (SPILLING_CONF, TRACE_KIND_STEP, make_mlp, mlp_batches,
-                              trace_event_kinds)
+                              trace_event_kinds, use_budget_for)
 
 # Design section 3: the contract keys of memory_stats().
 CONTRACT_KEYS = [f"{figure}.all.{kind}"
@@ -42,6 +42,7 @@ def trace_dir():
 
 def test_memory_stats_has_the_contract_keys(trace_dir):
     model = make_mlp(seed=1)
+    use_budget_for((model, 2))  # unmanaged, parameters and gradients are ordinary tensors
     spillway.manage(model)
     stats = spillway.memory_stats()
     missing = [key for key in CONTRACT_KEYS if key not in stats]
@@ -83,6 +84,7 @@ def test_dump_trace_writes_a_complete_trace(trace_dir):
 
 def test_initialize_trains_with_a_deepspeed_style_config(trace_dir):
     model = make_mlp(seed=2)
+    use_budget_for((model, 2))  # unmanaged, parameters and gradients are ordinary tensors
     engine = spillway.initialize(model, {
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}},
         "gradient_clipping": 1.0,
@@ -102,6 +104,7 @@ def test_initialize_trains_with_a_deepspeed_style_config(trace_dir):
 
 def test_initialize_bf16_casts_the_model(trace_dir):
     model = make_mlp(seed=4)
+    use_budget_for((model, 2))  # unmanaged, parameters and gradients are ordinary tensors
     engine = spillway.initialize(model, '{"optimizer": {"type": "Adam", "params": {"lr": 1e-3}}, '
                                         '"bf16": {"enabled": true}}')
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
@@ -125,6 +128,7 @@ def test_initialize_rejects_bad_configs_by_name_before_touching_the_model(config
 
 def test_steps_of_the_engine_are_marked_in_the_trace(trace_dir):
     model = make_mlp(seed=7)
+    use_budget_for((model, 2))  # unmanaged, parameters and gradients are ordinary tensors
     engine = spillway.initialize(model, {"optimizer": {"type": "SGD", "params": {"lr": 1e-2}}})
     before = os.path.join(trace_dir, "engine-before.trace")
     spillway.dump_trace(before)

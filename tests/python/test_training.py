@@ -13,8 +13,8 @@ import torch
 
 import spillway
 from spillway_testing import (SPILLING_CONF, TRACE_KIND_STEP, TinyTransformer, make_mlp,
-                              mlp_batches, parameters_copy, trace_event_kinds, train_step,
-                              transformer_batches)
+                              mlp_batches, parameters_copy, plain_torch, trace_event_kinds,
+                              train_step, transformer_batches, use_budget_for)
 
 STEPS = 5
 
@@ -45,18 +45,23 @@ def train_interleaved(models, data):
 
 
 def test_two_models_with_their_own_adam_interleaved_are_bit_identical():
-    actor, critic = make_mlp(seed=1), TinyTransformer(seed=2)
-    plain_actor, plain_critic = copy.deepcopy(actor), copy.deepcopy(critic)
+    with plain_torch():  # built on the host, as before .cuda()
+        actor, critic = make_mlp(seed=1), TinyTransformer(seed=2)
     actor_data, critic_data = mlp_batches(3, STEPS), transformer_batches(4, STEPS)
-
-    plain_losses = train_interleaved((plain_actor, plain_critic), (actor_data, critic_data))
+    with plain_torch():
+        plain_actor, plain_critic = copy.deepcopy(actor), copy.deepcopy(critic)
+        plain_losses = train_interleaved((plain_actor, plain_critic), (actor_data, critic_data))
+        plain_params = parameters_copy(plain_actor), parameters_copy(plain_critic)
+    # Both Adams' state, and the transformer's attention and the two Adams'
+    # temporaries (measured: about 4 MiB beyond the state).
+    use_budget_for((actor, 2), (critic, 2), activation_bytes=6 << 20)
     before = spillway.memory_stats()
     spillway.manage(actor)
     spillway.manage(critic)
     losses = train_interleaved((actor, critic), (actor_data, critic_data))
 
-    assert_same(plain_losses[0], losses[0], parameters_copy(plain_actor), actor)
-    assert_same(plain_losses[1], losses[1], parameters_copy(plain_critic), critic)
+    assert_same(plain_losses[0], losses[0], plain_params[0], actor)
+    assert_same(plain_losses[1], losses[1], plain_params[1], critic)
     after = spillway.memory_stats()
     assert after["evictions"] - before["evictions"] >= 2 * STEPS, "the budget did not force spills"
     assert after["bytes_moved.h2d"] > before["bytes_moved.h2d"]
@@ -66,21 +71,26 @@ def test_two_models_with_their_own_adam_interleaved_are_bit_identical():
 
 def test_sgd_with_momentum_and_set_to_none_zero_grad_is_bit_identical():
     model = make_mlp(seed=5)
-    plain = copy.deepcopy(model)
     data = mlp_batches(6, STEPS)
-    plain_sgd = torch.optim.SGD(plain.parameters(), lr=1e-2, momentum=0.9, nesterov=True)
-    plain_losses = [train_step(plain, plain_sgd, batch, set_to_none=True) for batch in data]
+    with plain_torch():
+        plain = copy.deepcopy(model)
+        plain_sgd = torch.optim.SGD(plain.parameters(), lr=1e-2, momentum=0.9, nesterov=True)
+        plain_losses = [train_step(plain, plain_sgd, batch, set_to_none=True) for batch in data]
+        plain_params = parameters_copy(plain)
 
+    use_budget_for((model, 1))  # the momentum
     spillway.manage(model)
     sgd = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9, nesterov=True)
     losses = [train_step(model, sgd, batch, set_to_none=True) for batch in data]
-    assert_same(plain_losses, losses, parameters_copy(plain), model)
+    assert_same(plain_losses, losses, plain_params, model)
     spillway.unmanage(model)
 
 
 def test_managed_parameters_read_back_after_unmanage():
     model = make_mlp(seed=7)
     expected = parameters_copy(model)
+    # Unmanaged, parameters and gradients are ordinary tensors on the device.
+    use_budget_for((model, 3))
     spillway.manage(model)
     spillway.unmanage(model)
     for index, (before, after) in enumerate(zip(expected, parameters_copy(model))):
@@ -89,6 +99,7 @@ def test_managed_parameters_read_back_after_unmanage():
 
 def test_each_python_optimizer_step_marks_a_step_in_the_trace(spilling_spillway):
     model = make_mlp(seed=8)
+    use_budget_for((model, 2))  # Adam's state
     spillway.manage(model)
     adam = torch.optim.Adam(model.parameters())
     path = os.path.join(spilling_spillway, "before.trace")

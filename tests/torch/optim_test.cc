@@ -16,6 +16,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <ostream>
 #include <sstream>
 #include <string>
@@ -24,6 +25,8 @@
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
+#include "allocator/runtime.h"
+#include "hooks/torch/sim_torch_allocator.h"
 #include "hooks/torch/spillway_torch.h"
 
 namespace {
@@ -39,11 +42,34 @@ constexpr double kFloor = 1e-3;
 
 const char* budget_override() { return std::getenv("SPILLWAY_OPTIM_TEST_BUDGET"); }
 
+// On the sim device the budget also holds what torch allocates (Note [torch's
+// CPU allocator on the sim device]): here the gradients autograd makes after a
+// set-to-none zero_grad (the default), until the optimizer's step copies them
+// into their chunks. The allocator's budget is the configured one (the room
+// for chunks the two runs are about) plus kGradientRoomBytes for them.
+constexpr std::size_t kGradientRoomBytes = std::size_t{6} << 20;  // the MLP's 4.3 MiB, in slabs
+
 void configure_spillway() {
   const char* budget = budget_override();
   spillway::configure(std::string("device:sim,strict_residency:true,chunk_size:2MiB,") +
                       "device_budget:" + (budget != nullptr ? budget : "6MiB") +
                       ",sim_capacity:256MiB,policy:lru");
+  static std::once_flag widened;
+  std::call_once(widened, [] {
+    spillway::activate();
+    spillway::CachingAllocator* allocator = spillway::Runtime::process().active_allocator();
+    allocator->set_budget_bytes(allocator->budget_bytes() + kGradientRoomBytes);
+  });
+}
+
+// The reference (plain torch::optim) works on torch's own memory: on the sim
+// device spillway is torch's CPU allocator, and the reference's gradients and
+// state would otherwise share the budget with the optimizer under test, which
+// is sized for the latter (Note [torch's CPU allocator on the sim device]).
+template <typename Work>
+auto reference_work(Work work) {
+  spillway::torch_bridge::HostWorkScope host;
+  return work();
 }
 
 nlohmann::json stats() { return nlohmann::json::parse(spillway::memory_stats_json()); }
@@ -65,6 +91,7 @@ torch::nn::Sequential make_mlp(std::uint64_t seed) {
 // Max over all elements of |ours - theirs| / max(|theirs|, kFloor).
 double max_relative_difference(const std::vector<torch::Tensor>& ours,
                                const std::vector<torch::Tensor>& theirs) {
+  spillway::torch_bridge::HostWorkScope host;  // the check's temporaries: off the budget
   torch::NoGradGuard no_grad;
   double worst = 0;
   for (std::size_t i = 0; i < ours.size(); ++i) {
@@ -76,6 +103,7 @@ double max_relative_difference(const std::vector<torch::Tensor>& ours,
 }
 
 bool all_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  spillway::torch_bridge::HostWorkScope host;  // the check's temporaries: off the budget
   for (std::size_t i = 0; i < a.size(); ++i)
     if (!torch::equal(a[i].detach(), b[i].detach())) return false;
   return true;
@@ -106,7 +134,7 @@ TEST_P(ChunkedOptimizerParity, MatchesTorchOver50Steps) {
   constexpr int kSteps = 50;
   torch::set_num_threads(1);
   configure_spillway();
-  torch::nn::Sequential reference = make_mlp(0);
+  torch::nn::Sequential reference = reference_work([] { return make_mlp(0); });
   torch::nn::Sequential model = make_mlp(0);
   auto torch_optimizer = GetParam().torch_optimizer(reference->parameters());
   auto optimizer = GetParam().spillway_optimizer(model->parameters());
@@ -118,11 +146,11 @@ TEST_P(ChunkedOptimizerParity, MatchesTorchOver50Steps) {
 
   double worst = 0;
   for (int step = 0; step < kSteps; ++step) {
-    torch_optimizer->zero_grad();
+    reference_work([&] { torch_optimizer->zero_grad(); });
     optimizer->zero_grad();
-    backward_on(reference, inputs[step], targets[step]);
+    reference_work([&] { backward_on(reference, inputs[step], targets[step]); });
     backward_on(model, inputs[step], targets[step]);
-    torch_optimizer->step();
+    reference_work([&] { torch_optimizer->step(); });
     optimizer->step();
     const double difference = max_relative_difference(model->parameters(), reference->parameters());
     EXPECT_LE(difference, 1e-6) << "step " << step;
@@ -201,7 +229,7 @@ TEST(ChunkedOptimizer, ParameterGroupsAndSaveLoadRoundTrip) {
                         std::make_unique<torch::optim::AdamOptions>(1e-2));
     return groups;
   };
-  torch::nn::Sequential reference = make_mlp(3);
+  torch::nn::Sequential reference = reference_work([] { return make_mlp(3); });
   torch::nn::Sequential model = make_mlp(3);
   torch::optim::Adam torch_adam(groups_of(reference), torch::optim::AdamOptions(1e-3));
   spillway::optim::Adam adam(groups_of(model), torch::optim::AdamOptions(1e-3));
@@ -217,11 +245,11 @@ TEST(ChunkedOptimizer, ParameterGroupsAndSaveLoadRoundTrip) {
       static_cast<torch::optim::AdamOptions&>(torch_adam.param_groups()[1].options()).lr(3e-3);
       static_cast<torch::optim::AdamOptions&>(adam.param_groups()[1].options()).lr(3e-3);
     }
-    torch_adam.zero_grad();
+    reference_work([&] { torch_adam.zero_grad(); });
     adam.zero_grad();
-    backward_on(reference, inputs[step], targets[step]);
+    reference_work([&] { backward_on(reference, inputs[step], targets[step]); });
     backward_on(model, inputs[step], targets[step]);
-    torch_adam.step();
+    reference_work([&] { torch_adam.step(); });
     adam.step();
     const double difference = max_relative_difference(model->parameters(), reference->parameters());
     EXPECT_LE(difference, 1e-6) << "step " << step;
@@ -353,6 +381,7 @@ TEST(ChunkedOptimizer, Bf16WithFp32MasterMatchesFp32Training) {
 }
 
 double torch_global_norm(torch::nn::Sequential& model) {
+  spillway::torch_bridge::HostWorkScope host;  // the check's temporaries: off the budget
   torch::NoGradGuard no_grad;
   double sum = 0;
   for (const torch::Tensor& param : model->parameters())
@@ -367,7 +396,7 @@ TEST(ChunkedOptimizer, GradientSummaryAndScaledStep) {
   constexpr double kScale = 0.25;
   torch::set_num_threads(1);
   configure_spillway();
-  torch::nn::Sequential reference = make_mlp(9);
+  torch::nn::Sequential reference = reference_work([] { return make_mlp(9); });
   torch::nn::Sequential model = make_mlp(9);
   torch::optim::Adam torch_adam(reference->parameters(), torch::optim::AdamOptions(1e-3));
   spillway::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-3));
@@ -378,9 +407,9 @@ TEST(ChunkedOptimizer, GradientSummaryAndScaledStep) {
   double worst_norm = 0;
   double worst_param = 0;
   for (int step = 0; step < kSteps; ++step) {
-    torch_adam.zero_grad();
+    reference_work([&] { torch_adam.zero_grad(); });
     adam.zero_grad();
-    backward_on(reference, inputs[step], targets[step]);
+    reference_work([&] { backward_on(reference, inputs[step], targets[step]); });
     backward_on(model, inputs[step], targets[step]);
     const double expected = torch_global_norm(model);
     const spillway::optim::GradientSummary summary = adam.gradient_summary();
@@ -391,9 +420,11 @@ TEST(ChunkedOptimizer, GradientSummaryAndScaledStep) {
                           std::fabs(scaled.global_norm - kScale * expected) / (kScale * expected));
     {
       torch::NoGradGuard no_grad;
-      for (const torch::Tensor& param : reference->parameters()) param.grad().mul_(kScale);
+      reference_work([&] {
+        for (const torch::Tensor& param : reference->parameters()) param.grad().mul_(kScale);
+      });
     }
-    torch_adam.step();
+    reference_work([&] { torch_adam.step(); });
     adam.step_scaled(kScale);
     worst_param = std::max(worst_param,
                            max_relative_difference(model->parameters(), reference->parameters()));
@@ -425,7 +456,7 @@ TEST(ChunkedOptimizer, UndefinedGradientsAreSkippedAsTorchDoes) {
   constexpr int kSteps = 4;
   torch::set_num_threads(1);
   configure_spillway();
-  torch::nn::Sequential reference = make_mlp(12);
+  torch::nn::Sequential reference = reference_work([] { return make_mlp(12); });
   torch::nn::Sequential model = make_mlp(12);
   torch::optim::Adam torch_adam(reference->parameters(), torch::optim::AdamOptions(1e-3));
   spillway::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-3));
@@ -433,16 +464,16 @@ TEST(ChunkedOptimizer, UndefinedGradientsAreSkippedAsTorchDoes) {
   const torch::Tensor inputs = torch::randn({kSteps, kBatch, kInputs});
   const torch::Tensor targets = torch::randn({kSteps, kBatch, kOutputs});
   for (int step = 0; step < kSteps; ++step) {
-    torch_adam.zero_grad();
+    reference_work([&] { torch_adam.zero_grad(); });
     adam.zero_grad();
-    backward_on(reference, inputs[step], targets[step]);
+    reference_work([&] { backward_on(reference, inputs[step], targets[step]); });
     backward_on(model, inputs[step], targets[step]);
     if (step == 1) {  // the first layer's weight gets no gradient this step
       reference->parameters()[0].mutable_grad().reset();
       model->parameters()[0].mutable_grad().reset();
     }
     const torch::Tensor before = model->parameters()[0].detach().clone();
-    torch_adam.step();
+    reference_work([&] { torch_adam.step(); });
     adam.step();
     if (step == 1) EXPECT_TRUE(torch::equal(before, model->parameters()[0].detach()));
     EXPECT_TRUE(all_equal(model->parameters(), reference->parameters()))
@@ -459,7 +490,7 @@ TEST(ChunkedOptimizer, AddedParamGroupTrainsAsTorch) {
   constexpr int kSteps = 4;
   torch::set_num_threads(1);
   configure_spillway();
-  torch::nn::Sequential reference = make_mlp(14);
+  torch::nn::Sequential reference = reference_work([] { return make_mlp(14); });
   torch::nn::Sequential model = make_mlp(14);
   auto first_two = [](torch::nn::Sequential& m) {
     const std::vector<torch::Tensor> params = m->parameters();
@@ -481,11 +512,11 @@ TEST(ChunkedOptimizer, AddedParamGroupTrainsAsTorch) {
       adamw.add_param_group(torch::optim::OptimizerParamGroup(
           the_rest(model), std::make_unique<torch::optim::AdamWOptions>(5e-3)));
     }
-    torch_adamw.zero_grad();
+    reference_work([&] { torch_adamw.zero_grad(); });
     adamw.zero_grad();
-    backward_on(reference, inputs[step], targets[step]);
+    reference_work([&] { backward_on(reference, inputs[step], targets[step]); });
     backward_on(model, inputs[step], targets[step]);
-    torch_adamw.step();
+    reference_work([&] { torch_adamw.step(); });
     adamw.step();
     EXPECT_TRUE(all_equal(model->parameters(), reference->parameters()))
         << "step " << step << ": max relative difference "

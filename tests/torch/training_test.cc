@@ -11,7 +11,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <initializer_list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,12 +22,19 @@
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
+#include "allocator/runtime.h"
+#include "hooks/torch/sim_torch_allocator.h"
 #include "hooks/torch/spillway_torch.h"
 
 namespace {
 
 // 2 MiB chunks under a 6 MiB budget (3 chunks); the MLP's parameters and
 // gradients fill about a dozen chunks, so every step moves most of them.
+// On the sim device the budget also holds what torch allocates outside chunks
+// (Note [torch's CPU allocator on the sim device]): the stock optimizer's
+// state and the activations. Each managed run widens the allocator's budget
+// by what those need (set_budget_for), so that the chunks still get 3 chunks'
+// room and spill every step.
 // The policy is LRU's, or SPILLWAY_TRAINING_TEST_POLICY's (tests/torch/
 // CMakeLists.txt runs every test again under policy:planned).
 std::string conf() {
@@ -35,6 +44,11 @@ std::string conf() {
              "sim_capacity:256MiB,policy:") +
          (policy != nullptr ? policy : "lru");
 }
+
+constexpr std::size_t kChunkRoomBytes = std::size_t{6} << 20;  // device_budget above
+constexpr std::size_t kSlabBytes = std::size_t{2} << 20;
+// Activations, temporaries and the small pool's partly filled slabs.
+constexpr std::size_t kActivationRoomBytes = std::size_t{4} << 20;
 
 constexpr int kSteps = 6;
 constexpr int kBatch = 16;
@@ -108,6 +122,9 @@ struct TrainingSetup {
   int unmanage_after = -1;
   // Frozen (requires_grad false) parameters, from the first.
   int freeze_first_parameters = 0;
+  // Tensors of the parameter's size the optimizer keeps per parameter, outside
+  // chunks (Adam's exp_avg and exp_avg_sq: 2; SGD's momentum: 1).
+  int optimizer_state_slots = 0;
 };
 
 struct TrainingResult {
@@ -129,6 +146,9 @@ std::uint64_t stat(const std::string& key) {
 class Training {
  public:
   Training(const TrainingSetup& setup, bool managed) : setup_(setup), managed_(managed) {
+    // The reference runs on torch's own memory, also when an earlier test of
+    // this process activated spillway.
+    if (!managed_) host_work_.emplace();
     torch::set_num_threads(1);
     torch::manual_seed(setup.model_seed);
     model_ = setup.make_model();
@@ -138,6 +158,8 @@ class Training {
     }
     if (managed_) {
       spillway::configure(conf());
+      spillway::activate();
+      set_budget_for({this});
       spillway::manage(*model_.module);
       for (const torch::Tensor& param : model_.module->parameters())
         bound_grads_.push_back(
@@ -179,6 +201,26 @@ class Training {
     result_.losses.push_back(step_loss.clone());
   }
 
+  // Bytes this run holds outside chunks (the optimizer's state), whole slabs.
+  std::size_t outside_chunks_bytes() const {
+    std::size_t param_bytes = 0;
+    for (const torch::Tensor& param : model_.module->parameters())
+      param_bytes += static_cast<std::size_t>(param.numel()) * param.element_size();
+    std::size_t outside = param_bytes * static_cast<std::size_t>(setup_.optimizer_state_slots);
+    // Unmanaged, parameters and gradients are ordinary tensors on the device,
+    // as they would be on a GPU: the training after unmanage needs room for them.
+    if (setup_.unmanage_after >= 0) outside += 2 * param_bytes;
+    return (outside + kSlabBytes - 1) / kSlabBytes * kSlabBytes;
+  }
+
+  // The allocator's budget: 3 chunks' room beside what `runs` hold outside
+  // chunks and their activations.
+  static void set_budget_for(std::initializer_list<const Training*> runs) {
+    std::size_t budget = kChunkRoomBytes + kActivationRoomBytes;
+    for (const Training* run : runs) budget += run->outside_chunks_bytes();
+    spillway::Runtime::process().active_allocator()->set_budget_bytes(budget);
+  }
+
   TrainingResult finish() {
     std::size_t index = 0;
     for (const torch::Tensor& param : model_.module->parameters()) {
@@ -202,6 +244,7 @@ class Training {
   torch::Tensor inputs_;
   torch::Tensor targets_;
   TrainingResult result_;
+  std::optional<spillway::torch_bridge::HostWorkScope> host_work_;  // reference runs
 };
 
 TrainingResult train(const TrainingSetup& setup, bool managed) {
@@ -257,6 +300,7 @@ TrainingSetup adam_setup() {
   setup.make_optimizer = [](std::vector<torch::Tensor> params) {
     return std::make_unique<torch::optim::Adam>(std::move(params), torch::optim::AdamOptions(1e-3));
   };
+  setup.optimizer_state_slots = 2;
   return setup;
 }
 
@@ -266,6 +310,7 @@ TrainingSetup sgd_momentum_setup() {
     return std::make_unique<torch::optim::SGD>(
         std::move(params), torch::optim::SGDOptions(1e-2).momentum(0.9).weight_decay(1e-4));
   };
+  setup.optimizer_state_slots = 1;
   return setup;
 }
 
@@ -324,6 +369,7 @@ TEST(TorchBridgeTraining, ActorAndCriticInterleavedMatchTheirSoloRuns) {
 
   Training actor_run(actor, /*managed=*/true);
   Training critic_run(critic, /*managed=*/true);
+  Training::set_budget_for({&actor_run, &critic_run});
   const std::uint64_t fetched_before = stat("bytes_moved.h2d");
   for (int step = 0; step < kSteps; ++step) {
     actor_run.run_step(step);
