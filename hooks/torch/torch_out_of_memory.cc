@@ -25,7 +25,10 @@ void throw_out_of_memory(std::size_t bytes, Status status) {
   const Stats stats = runtime.stats();
   const auto allocated =
       static_cast<std::size_t>(std::max<std::int64_t>(0, stats.allocated_bytes.current));
-  const auto model = static_cast<std::size_t>(std::max<std::int64_t>(0, stats.chunk_bytes_device));
+  const auto model =
+      static_cast<std::size_t>(std::max<std::int64_t>(0, stats.allocated_bytes_model.current));
+  const auto non_model =
+      static_cast<std::size_t>(std::max<std::int64_t>(0, stats.allocated_bytes_non_model.current));
   const auto reserved =
       static_cast<std::size_t>(std::max<std::int64_t>(0, stats.reserved_bytes.current));
   const std::string message = fmt::format(
@@ -35,8 +38,7 @@ void throw_out_of_memory(std::size_t bytes, Status status) {
       "make the step smaller (a smaller batch or shorter sequences, fewer tensors kept alive), "
       "or raise device_budget (now {}).",
       runtime.device().name(), format_bytes(bytes), bytes, format_bytes(budget),
-      format_bytes(allocated), format_bytes(std::min(model, allocated)),
-      format_bytes(allocated - std::min(model, allocated)), format_bytes(reserved),
+      format_bytes(allocated), format_bytes(model), format_bytes(non_model), format_bytes(reserved),
       detail.empty() ? std::string("the allocator gave no detail") : detail, to_string(status),
       format_bytes(budget));
   C10_THROW_ERROR(OutOfMemoryError, message);  // TORCH_CHECK_WITH(OutOfMemoryError, ...)'s throw

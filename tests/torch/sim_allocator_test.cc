@@ -90,12 +90,9 @@ std::int64_t stat(const std::string& key) {
 }
 
 // Bytes allocated outside chunks (activations, temporaries, state outside
-// chunks): allocated_bytes.all.current - chunk_bytes.device, until the stats
-// split allocated bytes into model and non-model themselves.
+// chunks).
 std::int64_t non_model_bytes() {
-  const nlohmann::json json = stats();
-  return json.at("allocated_bytes.all.current").get<std::int64_t>() -
-         json.at("chunk_bytes.device").get<std::int64_t>();
+  return stats().at("allocated_bytes.non_model.current").get<std::int64_t>();
 }
 
 std::string holdings() { return spillway::Runtime::process().chunk_manager().describe_holdings(); }
@@ -267,12 +264,12 @@ TEST(SimTorchAllocator, SmallGptWhoseChunksAndActivationsExceedTheBudgetIsBitIde
             << " bytes, allocated peak " << stat("allocated_bytes.all.peak") << ", budget "
             << kBudgetBytes << "\n";
   EXPECT_GT(chunk_bytes + peak_non_model, kBudgetBytes) << "the test must not fit";
-  // Activations count. Stand-in for allocated_bytes.non_model.peak > 0 until
-  // the stats split allocated bytes: allocated minus resident chunk bytes,
-  // sampled after each forward, and the allocator's peak above the chunks.
+  // Activations count, and allocations spilled chunks.
   EXPECT_GT(peak_non_model, 2 << 20);
+  EXPECT_GE(stat("allocated_bytes.non_model.peak"), peak_non_model);
   EXPECT_GE(stat("allocated_bytes.all.peak"), peak_non_model);
-  EXPECT_GT(stat("allocated_bytes.all.peak"), stat("chunk_bytes.device"));
+  EXPECT_GT(stat("allocated_bytes.model.peak"), 0);
+  EXPECT_GT(stat("num_spills_for_allocation"), 0);
   EXPECT_LE(stat("reserved_bytes.all.peak"), kBudgetBytes);
   EXPECT_GT(stat("evictions"), evictions_before) << "allocations spilled no chunk";
 }
