@@ -37,7 +37,8 @@ SCRIPT = textwrap.dedent("""
             return torch.nn.functional.linear(h, self.embedding.weight, self.head.bias)
 
     def train(manage):
-        model = TiedLm()
+        with spillway._C._HostWork():  # built in host memory, as a model too big for the device
+            model = TiedLm()
         if manage:
             spillway.manage(model)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # no state: the budget is for the op
