@@ -99,11 +99,6 @@ ChunkManager& active_chunk_manager();
 // Installs the global RecordFunction callback (once; op_hooks.cc).
 void install_op_hooks();
 
-// spillway::step() without its budget check: counts the step, re-binds fresh
-// gradients. What the end of a Python optimizer's step calls, where an
-// exception cannot reach the caller (manage.cc).
-void mark_step();
-
 // While alive, the op hook ignores ops on this thread: for the bridge's own
 // ops on tensors it has acquired itself.
 class OpHookSuppression {

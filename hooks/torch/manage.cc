@@ -187,15 +187,25 @@ std::string memory_stats_json() {
 }
 
 void step() {
-  torch_bridge::mark_step();
+  // Not an activation: a program that never managed anything stays as it is.
+  Runtime& runtime = Runtime::process();
+  if (runtime.active_allocator() == nullptr) return;
+  runtime.chunk_manager().end_step();
+  torch_bridge::OpGpuTiming::process().on_step_end();
+  if (!binding_table().empty()) {
+    ChunkManager& chunks = torch_bridge::active_chunk_manager();
+    for (const auto& managed : binding_table().managed_params())
+      torch_bridge::rebind_grad_if_replaced(chunks, *managed);
+  }
   check_budget_fits_ops();
 }
 
 // Note [A budget below the smallest]
 // An op whose chunks do not fit ran past the budget (the hook cannot fail
 // it), so the error comes here, at the first step boundary after it, where an
-// exception reaches the caller: in C++ spillway::step(), in Python a global
-// optimizer step hook. It is raised once per new largest need, so a caller
+// exception reaches the caller: spillway::step(), which Python's optimizers
+// call from a global step hook (Note [Python optimizers mark the step] in
+// python/spillway/__init__.py). It is raised once per new largest need, so a caller
 // that catches it and goes on (overrunning) is not stopped every step.
 void check_budget_fits_ops() {
   Runtime& runtime = Runtime::process();
@@ -219,19 +229,3 @@ void check_budget_fits_ops() {
 }
 
 }  // namespace spillway
-
-namespace spillway::torch_bridge {
-
-void mark_step() {
-  // Not an activation: a program that never managed anything stays as it is.
-  Runtime& runtime = Runtime::process();
-  if (runtime.active_allocator() == nullptr) return;
-  runtime.chunk_manager().end_step();
-  torch_bridge::OpGpuTiming::process().on_step_end();
-  if (binding_table().empty()) return;
-  ChunkManager& chunks = torch_bridge::active_chunk_manager();
-  for (const auto& managed : binding_table().managed_params())
-    torch_bridge::rebind_grad_if_replaced(chunks, *managed);
-}
-
-}  // namespace spillway::torch_bridge

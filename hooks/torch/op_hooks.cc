@@ -44,11 +44,6 @@
 //    needs at once, with those of the ops around it on its thread (Note [The
 //    smallest budget] in chunk_reports.cc); a budget below that is an error
 //    at the step boundary (check_budget_fits_ops in manage.cc).
-//  - Note [Python optimizers mark the step]: torch.optim wraps every
-//    optimizer's step in a record function named "Optimizer.step#<Class>.step"
-//    (user scope). Its end is the iteration boundary, so a second callback
-//    calls spillway::step() there and a Python training loop needs no call of
-//    its own. The callback looks at nothing but the name.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -59,7 +54,6 @@
 #include <set>
 #include <shared_mutex>
 #include <string>
-#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -239,7 +233,11 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
       try {
         rebind_grad_if_replaced(chunks, *input.binding.managed);
       } catch (const std::exception& e) {
-        SPILLWAY_LOG(error, "op {}: {}", fn.name(), e.what());
+        // Nothing is lost: param.grad stays autograd's tensor, which the op
+        // reads as torch would; the step boundary copies it in again and
+        // raises if that fails too (spillway::step()).
+        SPILLWAY_LOG(warn, "op {}: {}; the gradient stays in its own tensor until the step",
+                     fn.name(), e.what());
       }
     }
     void* address = nullptr;
@@ -281,22 +279,6 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext* context) {
   }
 }
 
-// Note [Python optimizers mark the step].
-constexpr std::string_view kOptimizerStepPrefix = "Optimizer.step#";
-
-std::unique_ptr<at::ObserverContext> on_user_scope_start(const at::RecordFunction&) {
-  return nullptr;
-}
-
-void on_user_scope_end(const at::RecordFunction& fn, at::ObserverContext*) {
-  if (t_hook_suppressed || std::string_view(fn.name()).rfind(kOptimizerStepPrefix, 0) != 0) return;
-  try {
-    mark_step();  // the budget check is Python's (Note [Python optimizers mark the step])
-  } catch (const std::exception& e) {
-    SPILLWAY_LOG(error, "{}: marking the step failed: {}", fn.name(), e.what());
-  }
-}
-
 }  // namespace
 
 OpHookSuppression::OpHookSuppression() : previous_(t_hook_suppressed) { t_hook_suppressed = true; }
@@ -308,8 +290,6 @@ void install_op_hooks() {
       at::RecordFunctionCallback(&on_op_start, &on_op_end)
           .needsInputs(true)
           .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
-  at::addGlobalCallback(at::RecordFunctionCallback(&on_user_scope_start, &on_user_scope_end)
-                            .scopes({at::RecordScope::USER_SCOPE}));
 }
 
 }  // namespace spillway::torch_bridge

@@ -68,7 +68,7 @@ std::string memory_stats_json();
 
 // The iteration boundary, called after each optimizer step (the engine's
 // step() calls it, and so does the end of every Python torch.optim
-// optimizer's step, through its "Optimizer.step#..." record function): re-binds gradients that
+// optimizer's step, through a global step hook of the Python package): re-binds gradients that
 // autograd created afresh (set-to-none zero_grad) into their grad chunks, counts the step and marks
 // it in the trace. Does nothing while spillway is not active.
 // Then check_budget_fits_ops().

@@ -103,7 +103,6 @@ void bind_runtime(py::module_& module) {
   module.def("dump_trace", &spillway::dump_trace, py::arg("path"),
              py::call_guard<py::gil_scoped_release>());
   module.def("step", &spillway::step, py::call_guard<py::gil_scoped_release>());
-  module.def("check_budget_fits_ops", &spillway::check_budget_fits_ops);
 }
 
 }  // namespace spillway::python

@@ -43,13 +43,18 @@ __all__ = [
 ]
 
 
-def _check_budget_after_step(optimizer, args, kwargs):
-    # Note [A budget below the smallest] (hooks/torch/manage.cc): the error for
-    # an op that ran past the budget, where an exception reaches the script.
-    _C.check_budget_fits_ops()
+# Note [Python optimizers mark the step]
+# The end of an optimizer's step() is the iteration boundary, so a global
+# post-hook of torch.optim marks it (spillway.step(): counts the step,
+# re-binds fresh gradients, Note [A budget below the smallest] in
+# hooks/torch/manage.cc) and a Python training loop needs no call of its
+# own. A hook, not a record-function callback, so that what step() raises
+# reaches the script. It does nothing while spillway is not active.
+def _mark_step_after_optimizer(optimizer, args, kwargs):
+    _C.step()
 
 
-register_optimizer_step_post_hook(_check_budget_after_step)
+register_optimizer_step_post_hook(_mark_step_after_optimizer)
 
 
 def enable(conf=None):
