@@ -329,7 +329,6 @@ Status CachingAllocator::Impl::allocate_over_budget(void** ptr, std::size_t byte
   std::lock_guard lock(mutex);
   collect_completed_frees_if_any_locked();
   Block* block = request.pool->best_fit(stream, request.size);
-  if (block == nullptr) block = reserve_segment_locked(request, &failure);
   if (block == nullptr) block = reserve_segment_locked(request, &failure, /*past_budget=*/true);
   if (block == nullptr) {
     t_last_error =

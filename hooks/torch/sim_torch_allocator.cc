@@ -35,7 +35,10 @@
 #include "hooks/torch/sim_torch_allocator.h"
 
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
+#include <string>
 
 #include "allocator/config/log.h"
 #include "allocator/device/sim_device.h"
@@ -79,10 +82,19 @@ class SimTorchAllocator final : public CompatAllocator {
 // Written once, before the install publishes it to torch.
 std::atomic<SimTorchAllocator*> g_installed{nullptr};
 
+// A deleter cannot throw, and a free that fails means the allocator's books
+// and torch's disagree (a double free, a pointer never handed out): going on
+// would hand out or leak memory that torch still thinks it owns.
+[[noreturn]] void stop_on_bad_free(void* ptr, const std::string& why) {
+  SPILLWAY_LOG(error, "freeing torch's block {}: {}. Stopping the process", ptr, why);
+  std::fflush(stderr);
+  std::abort();
+}
+
 void SimTorchAllocator::delete_block(void* ptr) {
   SimTorchAllocator* self = g_installed.load(std::memory_order_acquire);
-  if (const Status status = self->allocator_.deallocate(ptr); status != Status::ok)
-    SPILLWAY_LOG(error, "freeing torch's block {}: {}", ptr, CachingAllocator::last_error());
+  if (self->allocator_.deallocate(ptr) != Status::ok)
+    stop_on_bad_free(ptr, CachingAllocator::last_error());
 }
 
 void SimTorchAllocator::raw_delete(void* ptr) {
@@ -93,8 +105,9 @@ void SimTorchAllocator::raw_delete(void* ptr) {
   } else if (self->previous_raw_deleter_ != nullptr) {
     self->previous_raw_deleter_(ptr);
   } else {
-    SPILLWAY_LOG(error, "raw_deallocate of {}: neither spillway's nor the previous allocator's",
-                 ptr);
+    stop_on_bad_free(ptr,
+                     "raw_deallocate of a pointer neither spillway's nor the previous "
+                     "allocator's");
   }
 }
 
