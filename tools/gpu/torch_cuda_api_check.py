@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """torch's CUDA memory functions with spillway as torch's CUDA allocator.
 
-Installs spillway from the build folder's Python package
-(spillway.use_as_torch_cuda_allocator: the bridge's TorchCudaAllocator, as the
-SPILLWAY_CONF start-up hook does) and asserts that each function scripts call
+Installs spillway as torch's CUDA allocator from the package installed in
+this interpreter's environment (tools/gpu_check.sh installs it first, step
+python_install; installed_spillway.py checks it is there):
+spillway.use_as_torch_cuda_allocator, the bridge's TorchCudaAllocator, as the
+SPILLWAY_CONF start-up hook does. Asserts that each function scripts call
 answers from spillway instead of raising, as they do under a plain
 torch.cuda.memory.CUDAPluggableAllocator:
   torch.cuda.memory_stats, memory_allocated, max_memory_allocated,
@@ -12,18 +14,35 @@ plus a 0-byte tensor, and a tensor over the budget raising
 torch.cuda.OutOfMemoryError with spillway's figures, after which allocation
 goes on. Prints one `ok NAME` or `FAIL NAME: why` line each.
 
-    python3 tools/gpu/torch_cuda_api_check.py --build build-gpu
+    python3 tools/gpu/torch_cuda_api_check.py --build build-gpu [--rehearse]
 
 Exits 0 when all pass, 1 when one fails, 2 (saying why) without torch >= 2.0
 with CUDA and a GPU.
+
+--rehearse (no GPU; exits 0 or 1, never 2) checks only what needs no CUDA:
+the arguments, that spillway is installed here and exposes
+use_as_torch_cuda_allocator and memory_stats, that the GPU run's
+configuration parses, that memory_stats() has every key the checks compare
+once spillway is active (on the simulated device), and that
+use_as_torch_cuda_allocator refuses the simulated device with its error. It
+prints `not checked (needs a GPU): NAME` for each check above: none of them
+ran.
 """
 import argparse
-import os
 import sys
 
+from installed_spillway import installed_spillway
 from torch_gpu import missing_torch_gpu
 
 MiB = 1 << 20
+
+CHECK_NAMES = ("empty tensor", "memory_allocated", "memory_stats", "memory_reserved",
+               "max_memory_allocated", "reset_peak_memory_stats", "empty_cache", "record_stream",
+               "out of memory", "allocation after out of memory")
+# spillway's figures that torch.cuda.memory_stats() must repeat.
+COMPARED_KEYS = ("allocated_bytes.all.current", "allocated_bytes.all.peak",
+                 "reserved_bytes.all.current", "segment.all.current", "allocation.all.current",
+                 "num_ooms")
 
 
 def cuda_bytes(torch, count):
@@ -36,6 +55,7 @@ def check_all(torch, spillway, budget):
     def figure(key):
         return spillway.memory_stats()[key]
 
+    # CHECK_NAMES lists these names in this order.
     empty = cuda_bytes(torch, 0)
     yield "empty tensor", None if empty.numel() == 0 else f"numel {empty.numel()}"
 
@@ -45,10 +65,7 @@ def check_all(torch, spillway, budget):
     yield "memory_allocated", (None if allocated == ours and allocated >= 4 * MiB
                                else f"torch {allocated}, spillway {ours}")
     stats = torch.cuda.memory_stats()
-    mismatched = [key for key in ("allocated_bytes.all.current", "allocated_bytes.all.peak",
-                                  "reserved_bytes.all.current", "segment.all.current",
-                                  "allocation.all.current", "num_ooms")
-                  if stats.get(key) != figure(key)]
+    mismatched = [key for key in COMPARED_KEYS if stats.get(key) != figure(key)]
     yield "memory_stats", (None if not mismatched else
                            "differ from spillway's: " + ", ".join(
                                f"{key} {stats.get(key)} vs {figure(key)}" for key in mismatched))
@@ -99,42 +116,110 @@ def check_all(torch, spillway, budget):
     del held
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--build", required=True, help="the build folder (its python/ holds the package)")
-    parser.add_argument("--budget-mib", type=int, default=512)
-    args = parser.parse_args()
+def gpu_conf(budget_mib):
+    return f"device:cuda,device_budget:{budget_mib}MiB,log:warn"
 
-    missing = missing_torch_gpu()
-    if missing:
-        print(f"torch_cuda_api_check: skipped: {missing}")
-        return 2
-    package = os.path.join(os.path.abspath(args.build), "python")
-    if not os.path.isdir(os.path.join(package, "spillway")):
-        print(f"torch_cuda_api_check: no Python package in {package} (build spillway first)")
-        return 1
-    sys.path.insert(0, package)
+
+def names_checked_on_a_gpu():
+    """The names check_all yields, read from its source: what the rehearsal
+    says it did not check must be all of them."""
+    import ast
+    import inspect
+    tree = ast.parse(inspect.getsource(check_all))
+    yields = sorted((node.lineno, node.value.elts[0].value) for node in ast.walk(tree)
+                    if isinstance(node, ast.Yield) and isinstance(node.value, ast.Tuple)
+                    and isinstance(node.value.elts[0], ast.Constant))
+    return tuple(dict.fromkeys(name for _, name in yields))
+
+
+def rehearse(spillway, budget_mib):
+    """What needs no CUDA, as (name, None) for a pass, (name, why) for a failure."""
+    names = names_checked_on_a_gpu()
+    yield "CHECK_NAMES lists every GPU check", (
+        None if names == CHECK_NAMES else f"check_all yields {names}")
+    missing = [name for name in ("use_as_torch_cuda_allocator", "memory_stats", "enable")
+               if not callable(getattr(spillway, name, None))]
+    yield "package exposes the entry points", (None if not missing else f"missing {missing}")
+    try:
+        device = spillway._C.checked_device(gpu_conf(budget_mib))
+        yield "the GPU run's configuration parses", None if device == "cuda" else f"device {device}"
+    except ValueError as error:
+        yield "the GPU run's configuration parses", str(error)
+    spillway.enable(f"device:sim,device_budget:{budget_mib}MiB,log:warn")
     import torch
-    import spillway
+    held = torch.empty(MiB, dtype=torch.uint8)  # carved from the simulated device
+    stats = spillway.memory_stats()
+    absent = [key for key in COMPARED_KEYS if key not in stats]
+    yield "memory_stats has the compared keys", (None if not absent else f"missing {absent}")
+    yield "memory_stats counts an allocation", (
+        None if stats.get("allocated_bytes.all.current", 0) >= MiB else
+        f"allocated_bytes.all.current {stats.get('allocated_bytes.all.current')} with 1 MiB held")
+    del held
+    try:
+        spillway.use_as_torch_cuda_allocator()
+        yield "use_as_torch_cuda_allocator refuses the simulated device", "it did not raise"
+    except RuntimeError as error:
+        expected = "needs device:cuda" if spillway._C.has_torch_cuda_allocator else "no torch CUDA"
+        yield "use_as_torch_cuda_allocator refuses the simulated device", (
+            None if expected in str(error) else f"unexpected error: {error}")
 
-    budget = args.budget_mib * MiB
-    spillway.enable(f"device:cuda,device_budget:{args.budget_mib}MiB,log:warn")
-    spillway.use_as_torch_cuda_allocator()
+
+def report(checks, prefix=""):
+    """Prints a line per check; the number that failed."""
     failures = 0
     last = "the start"
     try:
-        for name, why in check_all(torch, spillway, budget):
+        for name, why in checks:
             last = name
             if why is None:
-                print(f"ok {name}")
+                print(f"ok {prefix}{name}")
             else:
                 failures += 1
-                print(f"FAIL {name}: {why}")
+                print(f"FAIL {prefix}{name}: {why}")
     except Exception as error:  # the rest cannot run; say where it stopped
         failures += 1
         print(f"FAIL after {last}: {type(error).__name__}: {error}")
-    print(f"torch cuda api: {failures} of the checks failed" if failures else
-          "torch cuda api: all checks passed")
+    return failures
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--build", help="the build folder (unused: the package checked is the "
+                                        "one installed in this interpreter's environment)")
+    parser.add_argument("--budget-mib", type=int, default=512)
+    parser.add_argument("--rehearse", action="store_true",
+                        help="no GPU: check only what needs no CUDA, say what was not checked")
+    args = parser.parse_args()
+
+    if not args.rehearse:
+        missing = missing_torch_gpu()
+        if missing:
+            print(f"torch_cuda_api_check: skipped: {missing}")
+            return 2
+    where, why = installed_spillway()
+    if why:
+        print(f"torch_cuda_api_check: {why}")
+        return 1
+    print(f"torch_cuda_api_check: spillway is installed in this interpreter's environment: {where}")
+    import torch
+    import spillway
+
+    if args.rehearse:
+        failures = report(rehearse(spillway, args.budget_mib), "rehearsal: ")
+        for name in CHECK_NAMES:
+            print(f"not checked (needs a GPU): {name}")
+        print(f"torch_cuda_api_check: rehearsal: {failures} of the checks that need no GPU failed; "
+              f"the {len(CHECK_NAMES)} checks of torch's CUDA functions did not run" if failures else
+              f"torch_cuda_api_check: rehearsal: the checks that need no GPU passed; the "
+              f"{len(CHECK_NAMES)} checks of torch's CUDA functions did not run (no GPU)")
+        return 1 if failures else 0
+
+    budget = args.budget_mib * MiB
+    spillway.enable(gpu_conf(args.budget_mib))
+    spillway.use_as_torch_cuda_allocator()
+    failures = report(check_all(torch, spillway, budget))
+    print(f"torch_cuda_api_check: {failures} of the checks failed" if failures else
+          "torch_cuda_api_check: all checks passed")
     return 1 if failures else 0
 
 
