@@ -104,10 +104,12 @@ def round_trip(spillway, size):
     spillway.spillway_free(pointer, size, 0, None)
     error = spillway.spillway_last_error().decode()
     after = stats_of(spillway)
-    if error or after["allocated_bytes.all.current"] != held["allocated_bytes.all.current"] - size:
-        raise RuntimeError(f"spillway_free did not give the block back ({error or 'allocated '}"
-                           f"{after['allocated_bytes.all.current']} after, "
-                           f"{held['allocated_bytes.all.current']} while held)")
+    if error:
+        raise RuntimeError(f"spillway_free failed: {error}")
+    if after["allocated_bytes.all.current"] != held["allocated_bytes.all.current"] - size:
+        raise RuntimeError(f"spillway_free did not give the block back: allocated "
+                           f"{after['allocated_bytes.all.current']} bytes after it, "
+                           f"{held['allocated_bytes.all.current']} while held")
 
 
 def run_one(mode, lib, conf, device, steps, batch, width, layers):
