@@ -29,6 +29,7 @@ prints `not checked (needs a GPU): NAME` for each check above: none of them
 ran.
 """
 import argparse
+import os
 import sys
 
 from installed_spillway import installed_spillway
@@ -204,6 +205,11 @@ def main():
     import torch
     import spillway
 
+    imported = os.path.dirname(os.path.realpath(spillway.__file__))
+    if imported != where:
+        print(f"torch_cuda_api_check: this process imports spillway from {imported}, not the one "
+              f"installed in its environment ({where}): unset PYTHONPATH")
+        return 1
     if args.rehearse:
         failures = report(rehearse(spillway, args.budget_mib), "rehearsal: ")
         for name in CHECK_NAMES:
