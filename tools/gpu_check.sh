@@ -374,6 +374,13 @@ step_configure() {
 }
 
 step_build_core() {
+  # The first stage must not wait for torch's headers: a target that pulls
+  # the torch bridge into gpu_check_core would delay every first result.
+  if [[ -f "$build/build.ninja" ]] &&
+    ninja -C "$build" -t commands gpu_check_core | grep -q 'torch/include'; then
+    echo "gpu_check: gpu_check_core compiles against torch's headers (cmake/GpuCheckTargets.cmake)"
+    return 1
+  fi
   timed cmake --build "$build" --target gpu_check_core -j "$(nproc)"
 }
 

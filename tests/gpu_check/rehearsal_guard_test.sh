@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One guard of tools/gpu_check.sh (tests/gpu_check/CMakeLists.txt): puts back
 # one bug that would have failed the first GPU run, and expects the rehearsal
-# to fail, saying why, within its first steps; a control run without the bug
-# passes the same steps, so the failure is the bug's.
+# to fail, saying why, within its first steps; where cheap, a control run
+# without the bug passes the same steps, so the failure is the bug's.
 #
 #   rehearsal_guard_test.sh GUARD REPO WORK FETCHED_DEPS
 #
@@ -12,12 +12,16 @@
 #   missing_dependency  a build dependency left out of the fetched ones: CMake
 #                       would find this machine's own copy, which the GPU
 #                       image lacks
+#   torch_in_core       the torch bridge in the first build stage, which
+#                       would delay every first result behind torch's TUs
 set -euo pipefail
 guard=$1 repo=$2 work=$3 fetched=$4
 rm -rf "$work"
 mkdir -p "$work"
 
-# gpu_check NAME [ENV=VALUE...] -- ARGS...: a rehearsal in its own build folder.
+# gpu_check NAME [ENV=VALUE...] -- ARGS...: a rehearsal in its own build
+# folder, of the sources in $source (the repository unless a case copies it).
+source=$repo
 gpu_check() {
   local name=$1
   shift
@@ -25,7 +29,7 @@ gpu_check() {
   while [[ $1 != -- ]]; do env+=("$1"); shift; done
   shift
   env OUT="$work/$name/out" SPILLWAY_GPU_BUILD_DIR="$work/$name/build" SPILLWAY_GPU_DEPS="$fetched" \
-    "${env[@]}" bash "$repo/tools/gpu_check.sh" --rehearse "$@" >"$work/$name.log" 2>&1
+    "${env[@]}" bash "$source/tools/gpu_check.sh" --rehearse "$@" >"$work/$name.log" 2>&1
 }
 
 expect_pass() {  # expect_pass NAME: the control
@@ -83,6 +87,21 @@ case $guard in
     rc=0
     gpu_check bug SPILLWAY_GPU_DEPS="$work/deps" -- --steps deps,configure || rc=$?
     expect_failure bug "$rc" 'CLI11_DIR=.* is not from the fetched dependencies' 'configure: failed'
+    ;;
+  torch_in_core)
+    # No control here: it would compile the whole first stage. The full
+    # rehearsal (.ci/run) passes build_core on the unchanged sources.
+    # A copy of the sources whose first stage also builds the torch bridge.
+    source="$work/source"
+    mkdir -p "$source"
+    git -C "$repo" ls-files -z --cached --others --exclude-standard |
+      (cd "$repo" && xargs -0 cp --parents -t "$source")
+    targets="$source/cmake/GpuCheckTargets.cmake"
+    grep -q 'gpu_check_core spillway ' "$targets" || { echo "FAIL $guard: $targets changed"; exit 1; }
+    sed -i 's/gpu_check_core spillway /gpu_check_core spillway_torch spillway /' "$targets"
+    rc=0
+    gpu_check bug -- --steps deps,configure,build_core || rc=$?
+    expect_failure bug "$rc" "gpu_check_core compiles against torch's headers" 'build_core: failed'
     ;;
   *)
     echo "rehearsal_guard_test.sh: unknown guard '$guard'" >&2
