@@ -483,7 +483,7 @@ step_cuda_api() {
   # shellcheck disable=SC2046
   timed "$python" "$repo/tools/gpu/torch_cuda_api_check.py" --build "$build" $(rehearse_flag) 2>&1 |
     tee "$work/cuda_api.out" || rc=$?
-  step_note="$(grep -E '^torch cuda api:' "$work/cuda_api.out")"
+  step_note="$(grep -E '^torch_cuda_api_check: ' "$work/cuda_api.out" | tail -n 1 | sed 's/^torch_cuda_api_check: //')"
   python_check_status "$rc" "$work/cuda_api.out"
 }
 
@@ -667,8 +667,13 @@ fetch_deps() {
 # The rehearsal's interpreter: a fresh virtual environment without system
 # site packages, so without a user site, as the GPU image's, that sees
 # tools/install-deps.sh's torch and scikit-build-core through a .pth file.
+# Made anew when python_install runs; --steps without it reuses the last one.
 make_rehearsal_python() {
   local deps_python venv="$build/rehearse-venv"
+  python="$venv/bin/python"
+  if [[ -x "$python" ]] && ! selected_steps | grep -q '^python_install '; then
+    return 0
+  fi
   deps_python="$("$repo/tools/install-deps.sh" --venv-path)/bin/python"
   [[ -x "$deps_python" ]] || { echo "gpu_check: no $deps_python: run tools/install-deps.sh" >&2; return 1; }
   rm -rf "$venv"
@@ -678,7 +683,6 @@ make_rehearsal_python() {
   venv_site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
   # Sorts before spillway-activate.pth, which imports torch.
   echo "$deps_site" >"$venv_site/00-spillway-rehearsal-dependencies.pth"
-  python="$venv/bin/python"
 }
 
 main() {
