@@ -63,6 +63,8 @@
 # later steps need it) or continue. $OUT returns at most 8 files.
 
 # shellcheck disable=SC2317  # the step_* functions are called by name
+# Under pipefail, `producer | grep -q` fails when grep quits early and the
+# producer dies of SIGPIPE: pipelines here read all input (grep -c).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 
@@ -377,7 +379,7 @@ step_build_core() {
   # The first stage must not wait for torch's headers: a target that pulls
   # the torch bridge into gpu_check_core would delay every first result.
   if [[ -f "$build/build.ninja" ]] &&
-    ninja -C "$build" -t commands gpu_check_core | grep -q 'torch/include'; then
+    ninja -C "$build" -t commands gpu_check_core | grep -c 'torch/include' >/dev/null; then
     echo "gpu_check: gpu_check_core compiles against torch's headers (cmake/GpuCheckTargets.cmake)"
     return 1
   fi
@@ -671,7 +673,7 @@ fetch_deps() {
 make_rehearsal_python() {
   local deps_python venv="$build/rehearse-venv"
   python="$venv/bin/python"
-  if [[ -x "$python" ]] && ! selected_steps | grep -q '^python_install '; then
+  if [[ -x "$python" ]] && ! selected_steps | grep -c '^python_install ' >/dev/null; then
     return 0
   fi
   deps_python="$("$repo/tools/install-deps.sh" --venv-path)/bin/python"
@@ -698,7 +700,7 @@ main() {
   done
   local entry name
   for name in ${only_steps//,/ }; do
-    printf '%s\n' "${STEPS[@]}" | grep -q "^$name " ||
+    printf '%s\n' "${STEPS[@]}" | grep -c "^$name " >/dev/null ||
       { echo "gpu_check: --steps: no step '$name'" >&2; exit 1; }
   done
   build="${SPILLWAY_GPU_BUILD_DIR:-$repo/build-gpu$( ((rehearse)) && echo -rehearse)}"

@@ -100,7 +100,9 @@ case $guard in
     grep -q 'gpu_check_core spillway ' "$targets" || { echo "FAIL $guard: $targets changed"; exit 1; }
     sed -i 's/gpu_check_core spillway /gpu_check_core spillway_torch spillway /' "$targets"
     rc=0
-    gpu_check bug -- --steps deps,configure,build_core || rc=$?
+    # A short budget: if the guard misses, build_core times out instead of
+    # compiling the whole stage.
+    gpu_check bug SPILLWAY_GPU_CHECK_BUDGET_S=12 -- --steps deps,configure,build_core || rc=$?
     expect_failure bug "$rc" "gpu_check_core compiles against torch's headers" 'build_core: failed'
     ;;
   *)
