@@ -129,7 +129,6 @@ python="${SPILLWAY_PYTHON:-}"
 torch_prefix=""
 torch_problem=""           # why the torch stages cannot build, when they cannot
 python_package_problem=""  # why the Python package is not configured
-prefix_paths=()
 run_start_s=0
 step_deadline_s=0
 step_status=""
@@ -287,6 +286,7 @@ step_deps() {
       return 1
     fi
     echo "no .deb files in $deps_dir: the image's own packages must do (docs/gpu.md: carry .gpu-deps)"
+    rm -rf "$build/deps"  # none of an earlier run's either
     step_status=skipped
     step_note="none carried; the image's packages"
     return 0
@@ -304,7 +304,6 @@ step_deps() {
       (cd "$unpack" && ar x "$deb" && tar -xf data.tar.* -C "$prefix") || return 1
     fi
   done
-  prefix_paths+=("$prefix/usr")
   step_note="${#debs[@]} packages unpacked into $prefix"
 }
 
@@ -345,8 +344,10 @@ step_configure() {
   if ! command -v nvcc >/dev/null 2>&1 && [[ -x /usr/local/cuda/bin/nvcc ]]; then
     export PATH="/usr/local/cuda/bin:$PATH"
   fi
-  local base_path log="$work/configure.txt"
-  base_path="$(IFS=';'; echo "${prefix_paths[*]}")"
+  # The unpacked dependencies, also those of an earlier run when --steps
+  # leaves out the deps step.
+  local base_path="" log="$work/configure.txt"
+  [[ -d "$build/deps/usr" ]] && base_path="$build/deps/usr"
   # Torch is found through $python (cmake/FindTorchThroughPython.cmake).
   if ! configure_with "$base_path" 2>&1 | tee "$log"; then
     [[ -n "$torch_problem" ]] && return 1
@@ -471,12 +472,12 @@ step_train_demo_cuda() {
 # imported from a fresh interpreter outside the repository.
 step_python_install() {
   [[ -n "$python_package_problem" ]] && { step_note="$python_package_problem"; echo "$step_note"; return 1; }
+  # install-python.sh then imports the package from a fresh interpreter
+  # outside the repository (tools/gpu/installed_spillway.py) and says where.
   PYTHON="$python" timed bash "$repo/tools/install-python.sh" --disable-pip-version-check \
-    --config-settings=build-dir="$build" --config-settings=cmake.build-type=Release || return 1
-  local where
-  where="$(cd "$work" && timed "$python" -c 'import spillway, sys; print(spillway.__file__)')" || return 1
-  echo "spillway imports from $where"
-  step_note="spillway at $where"
+    --config-settings=build-dir="$build" --config-settings=cmake.build-type=Release \
+    2>&1 | tee "$work/python_install.out" || return 1
+  step_note="$(grep -m 1 '^installed_spillway: ' "$work/python_install.out" | sed 's/^installed_spillway: //')"
 }
 
 # torch's CUDA memory functions (memory_stats, memory_allocated,
@@ -721,7 +722,6 @@ main() {
       python="$(command -v python3)"
     fi
   fi
-  [[ -d "$build/deps/usr" ]] && prefix_paths+=("$build/deps/usr")  # --steps without deps
   work="$(mktemp -d)"
   trap 'rm -rf "$work"' EXIT
   : >"$full_log"
