@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
+#include <string>
 
 namespace spillway::engine {
 
@@ -28,6 +30,24 @@ void LossScaler::update(bool overflow) {
     scale_ *= 2;
   }
   ++iteration_;
+}
+
+LossScaler::State LossScaler::state() const {
+  return {scale_, hysteresis_left_, iteration_, last_overflow_iteration_, overflows_};
+}
+
+void LossScaler::set_state(const State& state) {
+  if (!(state.scale > 0) || !std::isfinite(state.scale) || state.hysteresis_left < 0 ||
+      state.iteration < 0 || state.last_overflow_iteration < -1 ||
+      state.last_overflow_iteration >= state.iteration)
+    throw std::invalid_argument("loss scaler: inconsistent state (scale " +
+                                std::to_string(state.scale) + ", iteration " +
+                                std::to_string(state.iteration) + ")");
+  scale_ = state.scale;
+  hysteresis_left_ = state.hysteresis_left;
+  iteration_ = state.iteration;
+  last_overflow_iteration_ = state.last_overflow_iteration;
+  overflows_ = state.overflows;
 }
 
 }  // namespace spillway::engine

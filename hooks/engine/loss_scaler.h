@@ -34,6 +34,19 @@ class LossScaler {
   // Steps skipped because of an overflow, so far.
   std::uint64_t overflows() const { return overflows_; }
 
+  // Everything update() reads, for checkpoints: restoring it into a scaler
+  // of the same options continues the same sequence of scales.
+  struct State {
+    double scale = 1;
+    int hysteresis_left = 0;
+    std::int64_t iteration = 0;
+    std::int64_t last_overflow_iteration = -1;
+    std::uint64_t overflows = 0;
+  };
+  State state() const;
+  // Throws std::invalid_argument on a state no update sequence reaches.
+  void set_state(const State& state);
+
  private:
   LossScalerOptions options_;
   double scale_;

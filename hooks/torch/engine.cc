@@ -63,6 +63,13 @@ EngineCore::EngineCore(std::vector<std::pair<std::string, torch::Tensor>> named_
   take_parameters(std::move(named_params));
 }
 
+EngineCore::EngineCore(std::vector<std::pair<std::string, torch::Tensor>> named_params,
+                       engine::EngineConfig config, optim::ChunkedOptimizer& optimizer)
+    : config_(std::move(config)), scaler_(config_.loss_scaler), optimizer_(&optimizer) {
+  if (config_.spillway_conf) configure(*config_.spillway_conf);
+  manage(std::move(named_params));
+}
+
 void EngineCore::take_parameters(std::vector<std::pair<std::string, torch::Tensor>> named_params) {
   std::vector<torch::Tensor> trainable;
   for (const auto& [name, param] : named_params)
@@ -70,7 +77,8 @@ void EngineCore::take_parameters(std::vector<std::pair<std::string, torch::Tenso
   if (trainable.empty())
     throw std::invalid_argument("initialize: the model has no parameter that requires grad");
   manage(std::move(named_params));
-  optimizer_ = make_optimizer(std::move(trainable), config_.optimizer);
+  owned_optimizer_ = make_optimizer(std::move(trainable), config_.optimizer);
+  optimizer_ = owned_optimizer_.get();
 }
 
 torch::Dtype EngineCore::compute_dtype() const {
@@ -86,7 +94,15 @@ torch::Dtype EngineCore::compute_dtype() const {
 }
 
 bool EngineCore::is_gradient_accumulation_boundary() const {
-  return micro_steps_ % static_cast<std::uint64_t>(config_.gradient_accumulation_steps) == 0;
+  return (micro_steps_ + 1) % static_cast<std::uint64_t>(config_.gradient_accumulation_steps) == 0;
+}
+
+void EngineCore::zero_grad() { optimizer_->zero_grad(); }
+
+std::vector<double> EngineCore::get_lr() const {
+  std::vector<double> lrs;
+  for (const auto& group : optimizer_->param_groups()) lrs.push_back(group.options().get_lr());
+  return lrs;
 }
 
 void EngineCore::backward(const torch::Tensor& loss) {
@@ -101,8 +117,10 @@ void EngineCore::backward(const torch::Tensor& loss) {
 }
 
 bool EngineCore::step() {
+  step_applied_ = false;
+  const bool boundary = is_gradient_accumulation_boundary();
   ++micro_steps_;
-  if (!is_gradient_accumulation_boundary()) return false;
+  if (!boundary) return false;
 
   const bool fp16 = config_.precision == engine::Precision::fp16;
   const double unscale = fp16 ? 1.0 / scaler_.scale() : 1.0;
@@ -122,12 +140,54 @@ bool EngineCore::step() {
     ++skipped_steps_;
   } else {
     optimizer_->step_scaled(grad_scale);
-    ++global_steps_;
   }
+  step_applied_ = !overflow;
   if (fp16) scaler_.update(overflow);
   optimizer_->zero_grad();
+  ++global_steps_;
+  global_samples_ += static_cast<std::uint64_t>(config_.train_batch_size.value_or(0));
   spillway::step();  // the iteration boundary, for the trace and the planner
-  return !overflow;
+  return step_applied_;
+}
+
+void EngineCore::save_state(torch::serialize::OutputArchive& archive) const {
+  auto counter = [](std::uint64_t value) {
+    return torch::tensor(static_cast<std::int64_t>(value), torch::kInt64);
+  };
+  archive.write("micro_steps", counter(micro_steps_));
+  archive.write("global_steps", counter(global_steps_));
+  archive.write("global_samples", counter(global_samples_));
+  archive.write("skipped_steps", counter(skipped_steps_));
+  archive.write("last_gradient_norm", torch::tensor(last_norm_, torch::kFloat64));
+  const engine::LossScaler::State scaler = scaler_.state();
+  archive.write("loss_scaler",
+                torch::tensor({scaler.scale, static_cast<double>(scaler.hysteresis_left),
+                               static_cast<double>(scaler.iteration),
+                               static_cast<double>(scaler.last_overflow_iteration),
+                               static_cast<double>(scaler.overflows)},
+                              torch::kFloat64));
+}
+
+void EngineCore::load_state(torch::serialize::InputArchive& archive) {
+  auto counter = [&](const char* key) {
+    torch::Tensor value;
+    archive.read(key, value);
+    return static_cast<std::uint64_t>(value.item<std::int64_t>());
+  };
+  micro_steps_ = counter("micro_steps");
+  global_steps_ = counter("global_steps");
+  global_samples_ = counter("global_samples");
+  skipped_steps_ = counter("skipped_steps");
+  torch::Tensor norm, scaler;
+  archive.read("last_gradient_norm", norm);
+  last_norm_ = norm.item<double>();
+  archive.read("loss_scaler", scaler);
+  if (scaler.numel() != 5)
+    throw std::invalid_argument("engine checkpoint: loss_scaler holds " +
+                                std::to_string(scaler.numel()) + " values, expected 5");
+  const auto* v = scaler.data_ptr<double>();
+  scaler_.set_state({v[0], static_cast<int>(v[1]), static_cast<std::int64_t>(v[2]),
+                     static_cast<std::int64_t>(v[3]), static_cast<std::uint64_t>(v[4])});
 }
 
 }  // namespace spillway

@@ -52,6 +52,12 @@ class EngineCore {
   // managed, when a floating-point parameter has another dtype.
   EngineCore(std::vector<std::pair<std::string, torch::Tensor>> named_params,
              engine::EngineConfig config);
+  // With an optimizer the caller built (the Python package's spillway.optim
+  // optimizer, from DeepSpeed's model_parameters or a client optimizer) and
+  // keeps alive for the engine's life; the configuration's optimizer block,
+  // if any, is then not used.
+  EngineCore(std::vector<std::pair<std::string, torch::Tensor>> named_params,
+             engine::EngineConfig config, optim::ChunkedOptimizer& optimizer);
   EngineCore(EngineCore&&) = default;
   EngineCore& operator=(EngineCore&&) = default;
   virtual ~EngineCore() = default;
@@ -63,11 +69,22 @@ class EngineCore {
   // Returns whether the optimizer stepped.
   bool step();
 
+  // DeepSpeed's: whether the next step() ends an accumulation window.
   bool is_gradient_accumulation_boundary() const;
+  // Whether the last step() updated the parameters (false between
+  // accumulation boundaries and on a skipped fp16 step).
+  bool was_step_applied() const { return step_applied_; }
+  // Drops the gradients (the managed gradients are zeroed in their chunks).
+  void zero_grad();
+  // Each parameter group's learning rate, as the next optimizer step uses it.
+  std::vector<double> get_lr() const;
   double loss_scale() const { return scaler_.scale(); }
   // Global norm of the last boundary's gradients (unscaled, before clipping).
   double last_gradient_norm() const { return last_norm_; }
+  // DeepSpeed's counters: global_steps counts accumulation boundaries,
+  // skipped ones included; global_samples adds train_batch_size each time.
   std::uint64_t global_steps() const { return global_steps_; }
+  std::uint64_t global_samples() const { return global_samples_; }
   std::uint64_t skipped_steps() const { return skipped_steps_; }
   std::uint64_t micro_steps() const { return micro_steps_; }
   // The dtype of parameters and activations (float, bf16 or half).
@@ -75,16 +92,26 @@ class EngineCore {
   const engine::EngineConfig& config() const { return config_; }
   optim::ChunkedOptimizer& optimizer() { return *optimizer_; }
 
+  // What a checkpoint holds beside the module and the optimizer: counters,
+  // the loss scaler and the learning-rate schedule. Loading it into an
+  // engine of the same configuration resumes bit-identically.
+  void save_state(torch::serialize::OutputArchive& archive) const;
+  void load_state(torch::serialize::InputArchive& archive);
+
  private:
   // Manages the parameters and builds the optimizer over the trainable ones.
   void take_parameters(std::vector<std::pair<std::string, torch::Tensor>> named_params);
+  void print_progress() const;
 
   engine::EngineConfig config_;
   engine::LossScaler scaler_;
-  std::unique_ptr<optim::ChunkedOptimizer> optimizer_;
+  std::unique_ptr<optim::ChunkedOptimizer> owned_optimizer_;
+  optim::ChunkedOptimizer* optimizer_ = nullptr;
   double last_norm_ = 0;
+  bool step_applied_ = false;
   std::uint64_t micro_steps_ = 0;
   std::uint64_t global_steps_ = 0;
+  std::uint64_t global_samples_ = 0;
   std::uint64_t skipped_steps_ = 0;
 };
 
