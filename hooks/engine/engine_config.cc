@@ -11,6 +11,7 @@
 
 #include "allocator/config/config.h"
 #include "hooks/engine/json_fields.h"
+#include "hooks/engine/read_lr_schedule.h"
 
 namespace spillway::engine {
 namespace {
@@ -115,7 +116,7 @@ EngineConfig parse_engine_config(std::string_view json_text) {
   if (!root.is_object()) reject("(top level)", "expected a JSON object");
   check_keys(root, "",
              {"optimizer", "fp16", "bf16", "gradient_clipping", "gradient_accumulation_steps",
-              "train_batch_size", "train_micro_batch_size_per_gpu", "spillway"});
+              "train_batch_size", "train_micro_batch_size_per_gpu", "scheduler", "spillway"});
 
   EngineConfig config;
   config.optimizer = parse_optimizer(root);
@@ -163,6 +164,7 @@ EngineConfig parse_engine_config(std::string_view json_text) {
                        *config.train_batch_size, *config.train_micro_batch_size_per_gpu,
                        config.gradient_accumulation_steps));
 
+  if (root.contains("scheduler")) config.scheduler = parse_lr_schedule(root.at("scheduler"));
   if (root.contains("spillway"))
     config.spillway_conf = spillway_conf(object_at(root, "spillway", ""));
   return config;

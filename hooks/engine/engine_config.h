@@ -8,6 +8,8 @@
 //   bf16 {enabled}
 //   gradient_clipping, gradient_accumulation_steps,
 //   train_batch_size, train_micro_batch_size_per_gpu (checked for consistency)
+//   scheduler {type: WarmupLR|WarmupDecayLR|WarmupCosineLR|OneCycle|
+//              LRRangeTest (exact), params {...}}   (read_lr_schedule.h)
 //   spillway {<keys of SPILLWAY_CONF>}
 // Any other key is an error that names it, with its path (e.g.
 // "fp16.loss_scale_windw"); so is a value of the wrong kind. Defaults are
@@ -20,6 +22,7 @@
 #include <string_view>
 
 #include "hooks/engine/loss_scaler.h"
+#include "hooks/engine/lr_schedule_config.h"
 
 namespace spillway::engine {
 
@@ -47,6 +50,8 @@ struct EngineConfig {
   int gradient_accumulation_steps = 1;
   std::optional<long long> train_batch_size;
   std::optional<long long> train_micro_batch_size_per_gpu;
+  // DeepSpeed's learning-rate scheduler; nullopt: the optimizer's lr throughout.
+  std::optional<LrScheduleConfig> scheduler;
   // The spillway block in SPILLWAY_CONF syntax, already validated; nullopt
   // when the block is absent (the environment's configuration applies).
   std::optional<std::string> spillway_conf;
