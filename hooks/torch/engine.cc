@@ -3,6 +3,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -68,6 +69,7 @@ EngineCore::EngineCore(std::vector<std::pair<std::string, torch::Tensor>> named_
     : config_(std::move(config)), scaler_(config_.loss_scaler), optimizer_(&optimizer) {
   if (config_.spillway_conf) configure(*config_.spillway_conf);
   manage(std::move(named_params));
+  start_lr_schedule();
 }
 
 void EngineCore::take_parameters(std::vector<std::pair<std::string, torch::Tensor>> named_params) {
@@ -79,6 +81,69 @@ void EngineCore::take_parameters(std::vector<std::pair<std::string, torch::Tenso
   manage(std::move(named_params));
   owned_optimizer_ = make_optimizer(std::move(trainable), config_.optimizer);
   optimizer_ = owned_optimizer_.get();
+  start_lr_schedule();
+}
+
+namespace {
+
+// A group's own settings as the schedule reads them: its starting lr, and
+// whether it has betas (Adam, AdamW) and which.
+engine::OptimizerConfig group_settings(const torch::optim::OptimizerParamGroup& group) {
+  engine::OptimizerConfig settings;
+  const auto& options = group.options();
+  settings.lr = options.get_lr();
+  if (const auto* adam = dynamic_cast<const torch::optim::AdamOptions*>(&options)) {
+    settings.type = engine::OptimizerType::adam;
+    std::tie(settings.beta1, settings.beta2) = adam->betas();
+  } else if (const auto* adamw = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) {
+    settings.type = engine::OptimizerType::adamw;
+    std::tie(settings.beta1, settings.beta2) = adamw->betas();
+  } else {
+    settings.type = engine::OptimizerType::sgd;
+  }
+  return settings;
+}
+
+void set_betas(torch::optim::OptimizerOptions& options, const engine::AdamBetas& betas) {
+  if (auto* adam = dynamic_cast<torch::optim::AdamOptions*>(&options)) {
+    adam->betas({betas.beta1, betas.beta2});
+  } else if (auto* adamw = dynamic_cast<torch::optim::AdamWOptions*>(&options)) {
+    adamw->betas({betas.beta1, betas.beta2});
+  }
+}
+
+}  // namespace
+
+void EngineCore::start_lr_schedule() {
+  if (!config_.scheduler) return;
+  for (const auto& group : optimizer_->param_groups())
+    schedules_.emplace_back(*config_.scheduler, group_settings(group));
+  apply_lr_schedule();
+}
+
+void EngineCore::apply_lr_schedule() {
+  auto& groups = optimizer_->param_groups();
+  for (std::size_t i = 0; i < schedules_.size() && i < groups.size(); ++i) {
+    groups[i].options().set_lr(schedules_[i].lr());
+    if (schedules_[i].betas()) set_betas(groups[i].options(), *schedules_[i].betas());
+  }
+}
+
+std::optional<long long> EngineCore::lr_schedule_iteration() const {
+  if (schedules_.empty()) return std::nullopt;
+  return schedules_.front().last_batch_iteration();
+}
+
+void EngineCore::step_lr_schedule() {
+  for (engine::LrSchedule& schedule : schedules_) schedule.step();
+  apply_lr_schedule();
+}
+
+void EngineCore::restore_lr_schedule(long long last_batch_iteration) {
+  if (schedules_.empty())
+    throw std::invalid_argument("engine: restore_lr_schedule without a configured scheduler");
+  for (engine::LrSchedule& schedule : schedules_) schedule.restore(last_batch_iteration);
+  apply_lr_schedule();
 }
 
 torch::Dtype EngineCore::compute_dtype() const {
@@ -140,6 +205,7 @@ bool EngineCore::step() {
     ++skipped_steps_;
   } else {
     optimizer_->step_scaled(grad_scale);
+    step_lr_schedule();  // DeepSpeed steps its scheduler after applied steps only
   }
   step_applied_ = !overflow;
   if (fp16) scaler_.update(overflow);
@@ -166,6 +232,9 @@ void EngineCore::save_state(torch::serialize::OutputArchive& archive) const {
                                static_cast<double>(scaler.last_overflow_iteration),
                                static_cast<double>(scaler.overflows)},
                               torch::kFloat64));
+  archive.write("lr_schedule_iteration",
+                torch::tensor(static_cast<std::int64_t>(lr_schedule_iteration().value_or(-2)),
+                              torch::kInt64));
 }
 
 void EngineCore::load_state(torch::serialize::InputArchive& archive) {
@@ -188,6 +257,16 @@ void EngineCore::load_state(torch::serialize::InputArchive& archive) {
   const auto* v = scaler.data_ptr<double>();
   scaler_.set_state({v[0], static_cast<int>(v[1]), static_cast<std::int64_t>(v[2]),
                      static_cast<std::int64_t>(v[3]), static_cast<std::uint64_t>(v[4])});
+  // -2: saved without a scheduler.
+  torch::Tensor iteration;
+  archive.read("lr_schedule_iteration", iteration);
+  const long long saved = iteration.item<std::int64_t>();
+  if ((saved == -2) != schedules_.empty())
+    throw std::invalid_argument(std::string("engine checkpoint: saved ") +
+                                (saved == -2 ? "without" : "with") +
+                                " a learning-rate scheduler, loaded into an engine " +
+                                (schedules_.empty() ? "without" : "with") + " one");
+  if (saved != -2) restore_lr_schedule(saved);
 }
 
 }  // namespace spillway

@@ -28,6 +28,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,6 +37,7 @@
 
 #include "hooks/engine/engine_config.h"
 #include "hooks/engine/loss_scaler.h"
+#include "hooks/engine/lr_schedule.h"
 #include "hooks/torch/optim.h"
 
 namespace spillway {
@@ -78,6 +80,16 @@ class EngineCore {
   void zero_grad();
   // Each parameter group's learning rate, as the next optimizer step uses it.
   std::vector<double> get_lr() const;
+  // The configuration's scheduler (DeepSpeed's order, hooks/engine/
+  // lr_schedule.h): one LrSchedule per parameter group, from the group's own
+  // starting lr, advanced after every applied step. last_batch_iteration is
+  // its DeepSpeed state; -1 before the first step, nullopt without one.
+  bool has_lr_schedule() const { return !schedules_.empty(); }
+  std::optional<long long> lr_schedule_iteration() const;
+  // Advances the schedule by one step (what the engine does after an applied
+  // step), or restores it to a saved iteration; both set the groups' lr.
+  void step_lr_schedule();
+  void restore_lr_schedule(long long last_batch_iteration);
   double loss_scale() const { return scaler_.scale(); }
   // Global norm of the last boundary's gradients (unscaled, before clipping).
   double last_gradient_norm() const { return last_norm_; }
@@ -101,12 +113,16 @@ class EngineCore {
  private:
   // Manages the parameters and builds the optimizer over the trainable ones.
   void take_parameters(std::vector<std::pair<std::string, torch::Tensor>> named_params);
-  void print_progress() const;
+  // Builds the schedules over the optimizer's groups and applies them.
+  void start_lr_schedule();
+  // Writes the schedules' lr (and betas) into the optimizer's groups.
+  void apply_lr_schedule();
 
   engine::EngineConfig config_;
   engine::LossScaler scaler_;
   std::unique_ptr<optim::ChunkedOptimizer> owned_optimizer_;
   optim::ChunkedOptimizer* optimizer_ = nullptr;
+  std::vector<engine::LrSchedule> schedules_;  // one per parameter group
   double last_norm_ = 0;
   bool step_applied_ = false;
   std::uint64_t micro_steps_ = 0;
