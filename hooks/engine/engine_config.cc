@@ -208,12 +208,12 @@ constexpr const char* kNoEffectKeys[] = {
     "disable_allgather",
     "dataloader_drop_last",  // deepspeed_io's data loader
     "checkpoint",            // DeepSpeed's checkpoint tag validation, loading
-    "load_universal_checkpoint",
-    "use_node_local_storage",
     "data_parallel_group",
     "use_data_before_expert_parallelism",
-    "graph_harvesting",
-    "zero_optimization_stage",
+    "graph_harvesting",  // CUDA-graph capture of DeepSpeed's own norm and clip kernels
+    "vocabulary_size",   // sizes DeepSpeed's sparse embedding all-reduce
+    "comms_logger",      // logs DeepSpeed's collectives; one process has none
+    "timers",            // DeepSpeed's throughput timer (logged at INFO, hidden by default)
 };
 
 // Top-level blocks of DeepSpeed features spillway lacks: refused when present
@@ -270,9 +270,6 @@ constexpr Refused kRefusedBlocks[] = {
      "DeepSpeed's activation checkpointing (partitioned or CPU-held activations) is not in "
      "spillway; use torch.utils.checkpoint in the model"},
     {"zenflow", "ZenFlow is not in spillway"},
-    {"timers",
-     "DeepSpeed's timer options are not in spillway; wall_clock_breakdown prints "
-     "spillway's timers"},
 };
 
 bool block_is_off(const json& value) {
