@@ -140,13 +140,12 @@ OptimizerConfig parse_optimizer(const json& root) {
 
 bool parse_fp16(const json& root, const ZeroConfig& zero, LossScalerOptions& scaler) {
   if (!root.contains("fp16")) return false;
-  const json& block = object_at(root, "fp16", "");
+  const json block = without_auto(object_at(root, "fp16", ""));
   const std::string path = "fp16";
   check_keys(
       block, path,
       {"enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window",
        "hysteresis", "consecutive_hysteresis", "min_loss_scale", "fp16_master_weights_and_grads"});
-  refuse_auto(block, "enabled", path);
   const bool enabled = bool_at(block, "enabled", path, false);
   only_value(block, "auto_cast", path, false,
              "spillway does not cast the model's inputs to fp16; cast them in the training loop "
@@ -174,11 +173,11 @@ bool parse_bf16(const json& root) {
   // "bfloat16" is DeepSpeed's older name, read when "bf16" is absent.
   const char* key = root.contains("bf16") ? "bf16" : "bfloat16";
   if (!root.contains(key)) return false;
-  const json& block = object_at(root, key, "");
-  check_keys(block, key,
+  const json& raw = object_at(root, key, "");
+  const json block = without_auto(raw);
+  check_keys(raw, key,
              {"enabled", "immediate_grad_update", "check_grad_overflow",
               "bf16_master_weights_and_grads", "bf16_optimizer_states"});
-  refuse_auto(block, "enabled", key);
   const bool enabled = bool_at(block, "enabled", key, false);
   // When the bf16 gradients reach the fp32 accumulators: the same sums.
   bool_at(block, "immediate_grad_update", key, false);

@@ -85,13 +85,14 @@ OffloadDevice parse_offload(const json& zero, const char* key, bool optimizer,
                             std::vector<std::string>& no_effect) {
   const std::string path = join("zero_optimization", key);
   if (zero.at(key).is_null()) return OffloadDevice::none;
-  const json& block = object_at(zero, key, "zero_optimization");
+  const json& raw = object_at(zero, key, "zero_optimization");
+  const json block = without_auto(raw);
   if (optimizer) {
-    check_keys(block, path,
+    check_keys(raw, path,
                {"device", "nvme_path", "buffer_count", "pin_memory", "pipeline_read",
                 "pipeline_write", "fast_init", "ratio", "super_offload", "cpuadam_cores_perc"});
   } else {
-    check_keys(block, path,
+    check_keys(raw, path,
                {"device", "nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pin_memory"});
   }
   const OffloadDevice device = offload_device(block, path);
@@ -103,7 +104,7 @@ OffloadDevice parse_offload(const json& zero, const char* key, bool optimizer,
     reject(join(path, "super_offload"),
            "spillway has no SuperOffload; it steps the chunks on the CPU with its CPU Adam "
            "whatever their share");
-  for (const auto& [name, value] : block.items()) {
+  for (const auto& [name, value] : raw.items()) {
     if (name != "device" && name != "nvme_path" && name != "pipeline_read" &&
         name != "pipeline_write" && name != "super_offload")
       no_effect.push_back(join(path, name));
@@ -119,6 +120,10 @@ ZeroConfig parse_zero_config(const json& root, std::vector<std::string>& no_effe
   const json& zero = object_at(root, "zero_optimization", "");
   const std::string path = "zero_optimization";
   for (const auto& [key, value] : zero.items()) {
+    if (value == "auto" &&
+        (key == "stage" || key == "offload_optimizer" || key == "offload_param" ||
+         key == "cpu_offload" || key == "cpu_offload_param"))
+      continue;  // DeepSpeed drops "auto": the default
     if (key == "stage") {
       config.stage = static_cast<int>(integer_at(zero, "stage", path, 0, 0));
       if (config.stage > 3)
@@ -140,7 +145,7 @@ ZeroConfig parse_zero_config(const json& root, std::vector<std::string>& no_effe
         continue;
       }
       for (const char* name : kRefusedWhenOn) {
-        if (key == name && !is_off(value))
+        if (key == name && !is_off(value) && value != "auto")
           reject(join(path, key),
                  "ZeRO++ quantized communication and ZenFlow are not in spillway (one process "
                  "communicates nothing); remove the key or set it false");

@@ -5,6 +5,7 @@
 // and every scale, skipped step and factor must be bit-equal.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <stdexcept>
@@ -35,6 +36,7 @@ class DeepSpeedParity : public ::testing::Test {
     ASSERT_EQ(reference_.at("scaler").size(), cases_.at("scaler").size())
         << "the reference is older than the cases; rerun the fixture";
     ASSERT_EQ(reference_.at("clip").size(), cases_.at("clip").size());
+    ASSERT_EQ(reference_.at("configs").size(), cases_.at("configs").size());
   }
   json cases_;
   json reference_;
@@ -114,6 +116,53 @@ TEST_F(DeepSpeedParity, ClippingFactorIsDeepSpeeds) {
       EXPECT_EQ(deepspeed_gradient_factor(path, norm, max_norm, loss_scale),
                 expected["factors"][k].get<double>());
     }
+  }
+}
+
+// The same configuration file read by DeepSpeedConfig and by
+// parse_engine_config: what DeepSpeed rejects spillway rejects, and what it
+// accepts reads the same.
+TEST_F(DeepSpeedParity, ConfigurationsReadAsDeepSpeedReadsThem) {
+  for (std::size_t i = 0; i < cases_.at("configs").size(); ++i) {
+    const json& config_case = cases_["configs"][i];
+    const json& expected = reference_["configs"][i];
+    SCOPED_TRACE(config_case.at("name").get<std::string>());
+    ASSERT_EQ(expected.at("name"), config_case.at("name"));
+    EngineConfig config;
+    try {
+      config = parse_engine_config(config_case.at("config").dump());
+    } catch (const std::invalid_argument& error) {
+      EXPECT_TRUE(expected.contains("error"))
+          << "spillway rejects what DeepSpeed accepts: " << error.what();
+      continue;
+    }
+    ASSERT_FALSE(expected.contains("error"))
+        << "spillway accepts what DeepSpeed rejects: " << expected.at("error");
+    EXPECT_EQ(config.train_batch_size, expected.at("train_batch_size").get<long long>());
+    EXPECT_EQ(config.train_micro_batch_size_per_gpu,
+              expected.at("train_micro_batch_size_per_gpu").get<long long>());
+    EXPECT_EQ(config.gradient_accumulation_steps,
+              expected.at("gradient_accumulation_steps").get<int>());
+    if (expected.at("steps_per_print").is_null()) {
+      EXPECT_FALSE(config.steps_per_print.has_value());
+    } else {
+      EXPECT_EQ(config.steps_per_print, expected.at("steps_per_print").get<long long>());
+    }
+    EXPECT_EQ(config.wall_clock_breakdown, expected.at("wall_clock_breakdown").get<bool>());
+    EXPECT_EQ(config.gradient_clipping, expected.at("gradient_clipping").get<double>());
+    EXPECT_EQ(config.zero.stage, expected.at("zero_stage").get<int>());
+    EXPECT_EQ(to_string(config.zero.offload_optimizer), expected.at("offload_optimizer"));
+    EXPECT_EQ(to_string(config.zero.offload_param), expected.at("offload_param"));
+    EXPECT_EQ(config.precision == Precision::fp16, expected.at("fp16_enabled").get<bool>());
+    EXPECT_EQ(config.precision == Precision::bf16, expected.at("bf16_enabled").get<bool>());
+    const LossScalerOptions& scaler = config.loss_scaler;
+    const json& args = expected.at("fp16_dynamic_args");
+    EXPECT_EQ(scaler.static_scale, expected.at("loss_scale").get<double>());
+    EXPECT_EQ(std::ldexp(1.0, scaler.initial_scale_power), args.at("init_scale").get<double>());
+    EXPECT_EQ(scaler.window, args.at("scale_window").get<double>());
+    EXPECT_EQ(scaler.hysteresis, args.at("delayed_shift").get<double>());
+    EXPECT_EQ(scaler.consecutive_hysteresis, args.at("consecutive_hysteresis").get<double>() != 0);
+    EXPECT_EQ(scaler.min_scale, args.at("min_scale").get<double>());
   }
 }
 

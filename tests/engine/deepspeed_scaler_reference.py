@@ -1,5 +1,6 @@
 """DeepSpeed's loss scales, skipped steps and clipping factors for the cases of
-deepspeed_scaler_cases.json, computed by DeepSpeed's own code (0.18, CPU only).
+deepspeed_scaler_cases.json, computed by DeepSpeed's own code (0.18, CPU only),
+and what DeepSpeedConfig reads from its configuration files.
 
 Usage: python deepspeed_scaler_reference.py CASES.json OUT.json, with the
 python of bench/optim/deepspeed_env.sh. deepspeed_parity_test.cc compares
@@ -109,6 +110,37 @@ def clip_factor(path, norm, max_norm, loss_scale):
     return norm, float(probe[0])
 
 
+def read_config(config):
+    """What DeepSpeedConfig makes of a configuration, or {"error": ...}."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    try:
+        ds = DeepSpeedConfig(config)
+    except Exception as error:  # DeepSpeed's rejections are of several types
+        return {"error": f"{type(error).__name__}: {error}"}
+    fp16 = ds.float16_config
+    zero = ds.zero_config
+
+    def device(offload):
+        return "none" if offload is None else str(getattr(offload.device, "value", offload.device))
+
+    return {
+        "train_batch_size": ds.train_batch_size,
+        "train_micro_batch_size_per_gpu": ds.train_micro_batch_size_per_gpu,
+        "gradient_accumulation_steps": ds.gradient_accumulation_steps,
+        "steps_per_print": ds.steps_per_print,
+        "wall_clock_breakdown": ds.wall_clock_breakdown,
+        "gradient_clipping": ds.gradient_clipping,
+        "zero_stage": int(ds.zero_optimization_stage),
+        "offload_optimizer": device(zero.offload_optimizer),
+        "offload_param": device(zero.offload_param),
+        "fp16_enabled": fp16.enabled,
+        "bf16_enabled": ds.bfloat16_config.enabled,
+        "loss_scale": float(fp16.loss_scale),
+        "fp16_dynamic_args": {key: float(value) for key, value in fp16.dynamic_loss_scale_args().items()},
+    }
+
+
 def main():
     cases_path, out_path = sys.argv[1], sys.argv[2]
     with open(cases_path) as f:
@@ -125,6 +157,7 @@ def main():
             used.append(norm_used)
             factors.append(factor)
         result["clip"].append({"path": case["path"], "norms": used, "factors": factors})
+    result["configs"] = [dict(read_config(case["config"]), name=case["name"]) for case in cases["configs"]]
     with open(out_path, "w") as f:
         json.dump(result, f, indent=1)
 
