@@ -4,7 +4,8 @@
 
 namespace spillway::engine {
 
-ClipPath clip_path(Precision precision) {
+ClipPath clip_path(Precision precision, int zero_stage) {
+  if (zero_stage > 0) return ClipPath::zero;
   switch (precision) {
     case Precision::fp16:
       return ClipPath::fp16;
@@ -39,6 +40,17 @@ double deepspeed_gradient_factor(ClipPath path, double global_norm, double max_n
       const float reciprocal = 1.0f / (norm + static_cast<float>(1e-6));
       const float coef = reciprocal * static_cast<float>(max_norm);
       return coef < 1 ? coef : 1.0f;
+    }
+    case ClipPath::zero: {
+      if (max_norm <= 0) return static_cast<float>(1. / loss_scale);  // Python doubles
+      // Tensor / scalar on CUDA: a product with the scalar's float reciprocal.
+      const float scale = static_cast<float>(loss_scale);
+      const float norm = static_cast<float>(global_norm);
+      float clip = (norm * (1.0f / scale) + static_cast<float>(1e-6)) *
+                   (1.0f / static_cast<float>(max_norm));
+      clip = std::max(clip, 1.0f);
+      const float combined = clip * scale;
+      return 1.0f / combined;  // 1. / tensor: reciprocal(), times 1.0
     }
   }
   return 1;

@@ -97,6 +97,7 @@ std::string fmt_case(const std::string& path, double max_norm, double loss_scale
 ClipPath path_named(const std::string& name) {
   if (name == "fp16") return ClipPath::fp16;
   if (name == "bf16") return ClipPath::bf16;
+  if (name == "zero") return ClipPath::zero;
   return ClipPath::fp32;
 }
 

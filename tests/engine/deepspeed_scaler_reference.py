@@ -104,6 +104,20 @@ def clip_factor(path, norm, max_norm, loss_scale):
         probe = torch.ones(1, dtype=torch.float32)
         utils.clip_tensors_by_global_norm([probe], max_norm=max_norm, global_norm=global_norm)
         return float(global_norm), float(probe[0])
+    if path == "zero":
+        # DeepSpeedZeroOptimizer's own method, on an object holding only what
+        # it reads; the norm is a float32 tensor as scaled_global_norm makes it.
+        from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+        from deepspeed.runtime.fp16.loss_scaler import LossScaler
+
+        optimizer = DeepSpeedZeroOptimizer.__new__(DeepSpeedZeroOptimizer)
+        optimizer.custom_loss_scaler = False
+        optimizer.loss_scaler = LossScaler(scale=loss_scale)
+        optimizer.clip_grad = max_norm
+        total_norm = torch.tensor(norm, dtype=torch.float32)
+        probe = torch.ones(1, dtype=torch.float32)
+        optimizer.unscale_and_clip_grads([probe], total_norm)
+        return float(total_norm), float(probe[0])
     optimizer = fp16_optimizer({}, clip_grad=max_norm, scale=loss_scale)
     probe = torch.ones(1, dtype=torch.float32)
     optimizer.unscale_and_clip_grads([probe], norm)

@@ -7,10 +7,24 @@
 namespace spillway::engine {
 namespace {
 
-TEST(GradientClipping, EachPrecisionTakesItsDeepSpeedPath) {
-  EXPECT_EQ(clip_path(Precision::f32), ClipPath::fp32);
-  EXPECT_EQ(clip_path(Precision::fp16), ClipPath::fp16);
-  EXPECT_EQ(clip_path(Precision::bf16), ClipPath::bf16);
+TEST(GradientClipping, EachPrecisionAndStageTakesItsDeepSpeedPath) {
+  EXPECT_EQ(clip_path(Precision::f32, 0), ClipPath::fp32);
+  EXPECT_EQ(clip_path(Precision::fp16, 0), ClipPath::fp16);
+  EXPECT_EQ(clip_path(Precision::bf16, 0), ClipPath::bf16);
+  for (Precision precision : {Precision::f32, Precision::fp16, Precision::bf16})
+    for (int stage : {1, 2, 3}) EXPECT_EQ(clip_path(precision, stage), ClipPath::zero);
+}
+
+TEST(GradientClipping, ZeroDividesByScalarsAsCudaDoes) {
+  // max_norm 0.3: CUDA multiplies by float(1 / 0.3f); a true division differs
+  // in the last bit for this norm.
+  const float norm = 0.9f;
+  const float cuda_clip = (norm + static_cast<float>(1e-6)) * (1.0f / 0.3f);
+  const float cpu_clip = (norm + static_cast<float>(1e-6)) / 0.3f;
+  ASSERT_NE(cuda_clip, cpu_clip);  // the case tells the two apart
+  EXPECT_EQ(deepspeed_gradient_factor(ClipPath::zero, norm, 0.3, 1), 1.0f / cuda_clip);
+  EXPECT_EQ(deepspeed_gradient_factor(ClipPath::zero, 0.1, 1.0, 1), 1.0);
+  EXPECT_EQ(deepspeed_gradient_factor(ClipPath::zero, 100.0, 0, 64), 1.0 / 64);
 }
 
 TEST(GradientClipping, NormsBelowTheMaximumAreNotClipped) {
