@@ -74,8 +74,8 @@ OptimizerConfig parse_optimizer(const json& root) {
     reject(join(path, "max_grad_norm"),
            "not an optimizer parameter (DeepSpeed refuses it too): use the top-level "
            "gradient_clipping");
-  for (const char* key : {"lr", "weight_decay", "eps", "momentum"}) refuse_auto(params, key, path);
-  if (params.contains("betas") && params.at("betas") == "auto") refuse_auto(params, "betas", path);
+  for (const char* key : {"lr", "weight_decay", "eps", "momentum", "betas"})
+    refuse_auto(params, key, path);
   if (config.type == OptimizerType::sgd) {
     check_keys(params, path,
                {"lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize", "foreach",
@@ -89,7 +89,7 @@ OptimizerConfig parse_optimizer(const json& root) {
       reject(join(path, "nesterov"), "needs momentum > 0 and dampening 0");
     only_value(params, "maximize", path, false, "spillway's SGD minimizes; maximize is not in it");
     // torch's kernel choices: the same numbers whichever kernel runs.
-    for (const char* key : {"foreach", "differentiable", "fused"}) {
+    for (const char* key : {"foreach", "fused"}) {
       if (params.contains(key) && !params.at(key).is_null()) bool_at(params, key, path, false);
     }
     only_value(params, "differentiable", path, false,
