@@ -12,16 +12,24 @@ accelerator and a model); the methods called are DeepSpeed's unchanged.
 
 import json
 import os
+import socket
 import sys
 
 import torch
+
+
+def free_port():
+    """A port nothing listens on, so parallel ctest fixtures do not collide."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return str(probe.getsockname()[1])
 
 
 def init_single_process():
     import deepspeed
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29517")
+    os.environ.setdefault("MASTER_PORT", free_port())
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("LOCAL_RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
