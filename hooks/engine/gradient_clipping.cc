@@ -21,6 +21,7 @@ double deepspeed_gradient_factor(ClipPath path, double global_norm, double max_n
                                  double loss_scale) {
   // A Python float added to or multiplied with a float32 tensor is rounded to
   // float first; each operation rounds to float.
+  if (max_norm <= 0 && (path == ClipPath::fp32 || path == ClipPath::bf16)) return 1;  // no clipping
   switch (path) {
     case ClipPath::fp32: {
       const float norm = static_cast<float>(global_norm);

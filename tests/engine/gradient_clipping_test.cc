@@ -49,5 +49,11 @@ TEST(GradientClipping, Fp16CombinesUnscalingAndClipping) {
   EXPECT_EQ(deepspeed_gradient_factor(ClipPath::fp16, 1e9, 0, 256), 1.0 / 256);
 }
 
+TEST(GradientClipping, NoMaximumMeansNoClipping) {
+  EXPECT_EQ(deepspeed_gradient_factor(ClipPath::fp32, 1e9, 0, 1), 1.0);
+  EXPECT_EQ(deepspeed_gradient_factor(ClipPath::bf16, 1e9, 0, 1), 1.0);
+  EXPECT_EQ(deepspeed_gradient_factor(ClipPath::zero, 1e9, 0, 1), 1.0);
+}
+
 }  // namespace
 }  // namespace spillway::engine
