@@ -35,13 +35,12 @@ enum class ClipPath { fp32, fp16, bf16, zero };
 // The path DeepSpeed takes for the configuration's precision and ZeRO stage.
 ClipPath clip_path(Precision precision, int zero_stage);
 
-// The factor the gradients are multiplied by in a step whose global L2 norm is
-// `global_norm`: for fp16, the norm of the loss-scaled gradients and a factor
-// that also removes `loss_scale`; for fp32 and bf16, the true norm (loss_scale
-// is ignored) and a factor in (0, 1] (1 when max_norm is 0); for zero, the norm of the gradients as
-// they are (loss-scaled with fp16) and a factor that removes `loss_scale`
-// (1 unless fp16). `max_norm` is gradient_clipping, > 0;
-// with fp16 and max_norm 0 (no clipping) the factor only unscales.
+// The factor the gradients are multiplied by in a step whose global L2 norm
+// is `global_norm`. fp16 and zero: the norm of the gradients as they are
+// (loss-scaled under fp16), and a factor that also removes `loss_scale` (1
+// unless fp16). fp32 and bf16: the true norm (loss_scale ignored), a factor in
+// (0, 1]. `max_norm` is gradient_clipping; 0 means no clipping (the factor
+// only unscales).
 double deepspeed_gradient_factor(ClipPath path, double global_norm, double max_norm,
                                  double loss_scale);
 
