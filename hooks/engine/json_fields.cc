@@ -69,4 +69,12 @@ bool bool_at(const json& object, const char* key, const std::string& path, bool 
   return value.get<bool>();
 }
 
+json without_auto(const json& object) {
+  json kept = json::object();
+  for (const auto& [key, value] : object.items()) {
+    if (value != "auto") kept[key] = value;
+  }
+  return kept;
+}
+
 }  // namespace spillway::engine

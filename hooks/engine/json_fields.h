@@ -36,4 +36,9 @@ long long integer_at(const nlohmann::json& object, const char* key, const std::s
 // object[key] or `fallback` when absent; true or false.
 bool bool_at(const nlohmann::json& object, const char* key, const std::string& path, bool fallback);
 
+// `object` without its keys whose value is "auto": DeepSpeed's pydantic
+// config blocks (fp16, bf16, zero_optimization and its offloads) drop them
+// (DeepSpeedConfigModel), so each such key takes its default.
+nlohmann::json without_auto(const nlohmann::json& object);
+
 }  // namespace spillway::engine

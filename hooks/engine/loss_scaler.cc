@@ -15,21 +15,51 @@ LossScaler::LossScaler(const LossScalerOptions& options)
 
 void LossScaler::update(bool overflow) {
   if (overflow) ++overflows_;
-  if (!dynamic()) return;
+  if (dynamic()) {
+    if (options_.rule == LossScaleRule::fp16_optimizer) {
+      update_fp16_optimizer(overflow);
+    } else {
+      update_zero_optimizer(overflow);
+    }
+  }
+  ++iteration_;
+}
+
+bool LossScaler::window_completed() const {
+  // The clean steps strictly between the last overflow and this one.
+  const std::int64_t stable_interval = iteration_ - last_overflow_iteration_ - 1;
+  return stable_interval > 0 && stable_interval % options_.window == 0;
+}
+
+void LossScaler::update_fp16_optimizer(bool overflow) {
   if (overflow) {
-    // The hysteresis absorbs isolated overflows; it refills only when the
-    // scale grows again (DeepSpeed's default, consecutive_hysteresis false).
-    if (hysteresis_left_ <= 1) {
+    scale_ = std::max(scale_ / 2, options_.min_scale);
+    last_overflow_iteration_ = iteration_;
+  } else if (window_completed()) {
+    scale_ *= 2;
+  }
+}
+
+void LossScaler::update_zero_optimizer(bool overflow) {
+  if (overflow) {
+    if (options_.hysteresis == 1 || hysteresis_left_ == 1) {
+      if (scale_ == options_.min_scale)
+        throw std::runtime_error(
+            "loss scale already at its minimum (fp16.min_loss_scale) and the step overflowed "
+            "again: cannot decrease the scale any more, the run stops (as DeepSpeed's "
+            "DynamicLossScaler does)");
       scale_ = std::max(scale_ / 2, options_.min_scale);
     } else {
       --hysteresis_left_;
     }
     last_overflow_iteration_ = iteration_;
-  } else if ((iteration_ - last_overflow_iteration_) % options_.window == 0) {
-    hysteresis_left_ = options_.hysteresis;
+    return;
+  }
+  if (options_.consecutive_hysteresis) hysteresis_left_ = options_.hysteresis;
+  if (window_completed()) {
+    if (!options_.consecutive_hysteresis) hysteresis_left_ = options_.hysteresis;
     scale_ *= 2;
   }
-  ++iteration_;
 }
 
 LossScaler::State LossScaler::state() const {

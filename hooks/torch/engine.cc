@@ -1,12 +1,17 @@
 #include "hooks/torch/engine.h"
 
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include "hooks/engine/gradient_clipping.h"
 #include "hooks/torch/spillway_torch.h"
 
 namespace spillway {
@@ -36,6 +41,19 @@ std::unique_ptr<optim::ChunkedOptimizer> make_optimizer(std::vector<torch::Tenso
                                               .weight_decay(config.weight_decay));
   }
   throw std::invalid_argument("engine config: optimizer.type: unsupported");
+}
+
+// What DeepSpeed would have done with zero_optimization and the keys without
+// effect, and what spillway does instead: once per engine, on stderr (a
+// configuration's promises are not a debugging detail).
+void report_deepspeed_mapping(const engine::EngineConfig& config) {
+  const std::string text = engine::describe_deepspeed_mapping(config);
+  if (!text.empty()) fmt::print(stderr, "spillway.initialize: {}\n", text);
+}
+
+double milliseconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
 }
 
 }  // namespace
@@ -70,6 +88,7 @@ EngineCore::EngineCore(std::vector<std::pair<std::string, torch::Tensor>> named_
   if (config_.spillway_conf) configure(*config_.spillway_conf);
   manage(std::move(named_params));
   start_lr_schedule();
+  report_deepspeed_mapping(config_);
 }
 
 void EngineCore::take_parameters(std::vector<std::pair<std::string, torch::Tensor>> named_params) {
@@ -82,6 +101,7 @@ void EngineCore::take_parameters(std::vector<std::pair<std::string, torch::Tenso
   owned_optimizer_ = make_optimizer(std::move(trainable), config_.optimizer);
   optimizer_ = owned_optimizer_.get();
   start_lr_schedule();
+  report_deepspeed_mapping(config_);
 }
 
 namespace {
@@ -171,6 +191,7 @@ std::vector<double> EngineCore::get_lr() const {
 }
 
 void EngineCore::backward(const torch::Tensor& loss) {
+  const auto start = std::chrono::steady_clock::now();
   // Scaled in fp32: an fp16 loss times 2^16 could overflow before backward.
   const double factor = (config_.precision == engine::Precision::fp16 ? scaler_.scale() : 1.0) /
                         config_.gradient_accumulation_steps;
@@ -179,27 +200,44 @@ void EngineCore::backward(const torch::Tensor& loss) {
   } else {
     (loss.to(torch::kFloat) * factor).backward();
   }
+  const double elapsed = milliseconds_since(start);
+  micro_times_.backward_ms += elapsed;
+  window_times_.backward_ms += elapsed;
+}
+
+void EngineCore::add_forward_time(double milliseconds) {
+  micro_times_.forward_ms += milliseconds;
+  window_times_.forward_ms += milliseconds;
 }
 
 bool EngineCore::step() {
+  const auto start = std::chrono::steady_clock::now();
   step_applied_ = false;
   const bool boundary = is_gradient_accumulation_boundary();
   ++micro_steps_;
-  if (!boundary) return false;
+  if (!boundary) {
+    report_progress(false, milliseconds_since(start));
+    return false;
+  }
 
   const bool fp16 = config_.precision == engine::Precision::fp16;
-  const double unscale = fp16 ? 1.0 / scaler_.scale() : 1.0;
-  double grad_scale = unscale;
+  const engine::ClipPath path = engine::clip_path(config_.precision, config_.zero.stage);
+  // fp16 and ZeRO's paths take the norm of the gradients as stored (still
+  // scaled); fp32 and bf16's the true norm (hooks/engine/gradient_clipping.h).
+  const bool scaled_norm = path == engine::ClipPath::fp16 || path == engine::ClipPath::zero;
+  const double loss_scale = fp16 ? scaler_.scale() : 1.0;
+  double grad_scale = 1.0 / loss_scale;
   bool overflow = false;
   if (fp16 || config_.gradient_clipping > 0) {
-    const optim::GradientSummary summary = optimizer_->gradient_summary(unscale);
+    const optim::GradientSummary summary =
+        optimizer_->gradient_summary(scaled_norm ? 1.0 : 1.0 / loss_scale);
     overflow = fp16 && summary.found_inf;
-    last_norm_ = summary.global_norm;
-    // torch.nn.utils.clip_grad_norm_'s factor, applied only when it shrinks.
-    if (!overflow && config_.gradient_clipping > 0) {
-      const double clip = config_.gradient_clipping / (summary.global_norm + 1e-6);
-      if (clip < 1.0) grad_scale *= clip;
-    }
+    last_norm_ = scaled_norm ? summary.global_norm / loss_scale : summary.global_norm;
+    // DeepSpeed takes the norm as a float32 tensor's item().
+    const double norm = static_cast<float>(summary.global_norm);
+    if (!overflow)
+      grad_scale =
+          engine::deepspeed_gradient_factor(path, norm, config_.gradient_clipping, loss_scale);
   }
   if (overflow) {
     ++skipped_steps_;
@@ -213,7 +251,39 @@ bool EngineCore::step() {
   ++global_steps_;
   global_samples_ += static_cast<std::uint64_t>(config_.train_batch_size.value_or(0));
   spillway::step();  // the iteration boundary, for the trace and the planner
+  report_progress(true, milliseconds_since(start));
   return step_applied_;
+}
+
+void EngineCore::report_progress(bool boundary, double step_ms) {
+  micro_times_.step_ms += step_ms;
+  window_times_.step_ms += step_ms;
+  if (config_.wall_clock_breakdown) {
+    fmt::print("{}\n", engine::timers_line(micro_times_, /*micro=*/true));
+    if (boundary) fmt::print("{}\n", engine::timers_line(window_times_, /*micro=*/false));
+    std::fflush(stdout);
+  }
+  micro_times_ = {};
+  if (boundary) window_times_ = {};
+  // DeepSpeed reports before counting the step: step (global_steps + 1)
+  // when it is a multiple of steps_per_print; here global_steps_ has counted it.
+  if (!boundary || !config_.steps_per_print || global_steps_ % *config_.steps_per_print != 0)
+    return;
+  engine::GroupMomentum momentum;
+  momentum.sgd = dynamic_cast<const torch::optim::SGDOptions*>(
+                     &optimizer_->param_groups().front().options()) != nullptr;
+  for (const auto& group : optimizer_->param_groups()) {
+    const auto& options = group.options();
+    if (const auto* sgd = dynamic_cast<const torch::optim::SGDOptions*>(&options)) {
+      momentum.momentum.push_back(sgd->momentum());
+    } else if (const auto* adam = dynamic_cast<const torch::optim::AdamOptions*>(&options)) {
+      momentum.betas.emplace_back(std::get<0>(adam->betas()), std::get<1>(adam->betas()));
+    } else if (const auto* adamw = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) {
+      momentum.betas.emplace_back(std::get<0>(adamw->betas()), std::get<1>(adamw->betas()));
+    }
+  }
+  fmt::print(stderr, "{}\n",
+             engine::progress_line(global_steps_, skipped_steps_, get_lr(), momentum));
 }
 
 void EngineCore::save_state(torch::serialize::OutputArchive& archive) const {

@@ -38,6 +38,7 @@
 #include "hooks/engine/engine_config.h"
 #include "hooks/engine/loss_scaler.h"
 #include "hooks/engine/lr_schedule.h"
+#include "hooks/engine/progress_report.h"
 #include "hooks/torch/optim.h"
 
 namespace spillway {
@@ -104,6 +105,10 @@ class EngineCore {
   const engine::EngineConfig& config() const { return config_; }
   optim::ChunkedOptimizer& optimizer() { return *optimizer_; }
 
+  // Time spent in the module's forward, for wall_clock_breakdown's lines
+  // (the forward wrappers report it; backward and step are timed here).
+  void add_forward_time(double milliseconds);
+
   // What a checkpoint holds beside the module and the optimizer: counters,
   // the loss scaler and the learning-rate schedule. Loading it into an
   // engine of the same configuration resumes bit-identically.
@@ -117,6 +122,8 @@ class EngineCore {
   void start_lr_schedule();
   // Writes the schedules' lr (and betas) into the optimizer's groups.
   void apply_lr_schedule();
+  // steps_per_print's and wall_clock_breakdown's lines, after a step().
+  void report_progress(bool boundary, double step_ms);
 
   engine::EngineConfig config_;
   engine::LossScaler scaler_;
@@ -124,6 +131,8 @@ class EngineCore {
   optim::ChunkedOptimizer* optimizer_ = nullptr;
   std::vector<engine::LrSchedule> schedules_;  // one per parameter group
   double last_norm_ = 0;
+  engine::StepTimes micro_times_;   // since the last step()
+  engine::StepTimes window_times_;  // since the last accumulation boundary
   bool step_applied_ = false;
   std::uint64_t micro_steps_ = 0;
   std::uint64_t global_steps_ = 0;

@@ -270,9 +270,9 @@ TEST(Initialize, BadConfigurationsAreRejectedByNameBeforeTouchingTheModel) {
     }
     EXPECT_EQ(model->parameters()[0].data_ptr(), address) << "the model was touched";
   };
-  expect_rejected(
-      config_with(R"("optimizer": {"type": "Adam"}, "zero_optimization": {"stage": 3})"),
-      "zero_optimization");
+  expect_rejected(config_with(R"("optimizer": {"type": "Adam"},
+                     "zero_optimization": {"offload_optimizer": {"device": "nvme"}})"),
+                  "zero_optimization.offload_optimizer.device");
   expect_rejected(config_with(R"("optimizer": {"type": "Adam", "params": {"lrr": 1}})"),
                   "optimizer.params.lrr");
   expect_rejected(config_with(R"("optimizer": {"type": "Adam"}, "fp16": {"enabled": 1})"),
