@@ -14,7 +14,7 @@
 //   spillway {<keys of SPILLWAY_CONF>}
 // A misspelt key is an error that names it, with its path (e.g.
 // "fp16.loss_scale_windw") and the keys accepted there; so is a value of the
-// wrong kind. docs/deepspeed-keys.md has the table of every key.
+// wrong kind. docs/deepspeed.md has the table of every key.
 #pragma once
 
 #include <optional>

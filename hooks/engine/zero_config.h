@@ -10,7 +10,7 @@
 // read and reported (describe_deepspeed_mapping), the communication and
 // bucket tuning keys are accepted with no effect (any value, "auto"
 // included), and NVMe offload and ZeRO++ quantization are refused by name.
-// docs/deepspeed-keys.md lists every key and its decision.
+// docs/deepspeed.md lists every key and its decision.
 #pragma once
 
 #include <string>
