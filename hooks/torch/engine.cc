@@ -149,6 +149,23 @@ void EngineCore::apply_lr_schedule() {
   }
 }
 
+std::vector<std::vector<double>> EngineCore::group_momentum() const {
+  std::vector<std::vector<double>> momentum;
+  for (const auto& group : optimizer_->param_groups()) {
+    const auto& options = group.options();
+    if (const auto* sgd = dynamic_cast<const torch::optim::SGDOptions*>(&options)) {
+      momentum.push_back({sgd->momentum()});
+    } else if (const auto* adam = dynamic_cast<const torch::optim::AdamOptions*>(&options)) {
+      momentum.push_back({std::get<0>(adam->betas()), std::get<1>(adam->betas())});
+    } else if (const auto* adamw = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) {
+      momentum.push_back({std::get<0>(adamw->betas()), std::get<1>(adamw->betas())});
+    } else {
+      momentum.emplace_back();
+    }
+  }
+  return momentum;
+}
+
 std::optional<long long> EngineCore::lr_schedule_iteration() const {
   if (schedules_.empty()) return std::nullopt;
   return schedules_.front().last_batch_iteration();
@@ -284,6 +301,20 @@ void EngineCore::report_progress(bool boundary, double step_ms) {
   }
   fmt::print(stderr, "{}\n",
              engine::progress_line(global_steps_, skipped_steps_, get_lr(), momentum));
+}
+
+EngineCore::State EngineCore::state() const {
+  return {micro_steps_,   global_steps_, global_samples_,
+          skipped_steps_, last_norm_,    scaler_.state()};
+}
+
+void EngineCore::set_state(const State& state) {
+  scaler_.set_state(state.loss_scaler);  // checks it first
+  micro_steps_ = state.micro_steps;
+  global_steps_ = state.global_steps;
+  global_samples_ = state.global_samples;
+  skipped_steps_ = state.skipped_steps;
+  last_norm_ = state.last_gradient_norm;
 }
 
 void EngineCore::save_state(torch::serialize::OutputArchive& archive) const {

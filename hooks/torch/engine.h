@@ -81,6 +81,8 @@ class EngineCore {
   void zero_grad();
   // Each parameter group's learning rate, as the next optimizer step uses it.
   std::vector<double> get_lr() const;
+  // Each group's momentum setting: Adam's {beta1, beta2}, SGD's {momentum}.
+  std::vector<std::vector<double>> group_momentum() const;
   // The configuration's scheduler (DeepSpeed's order, hooks/engine/
   // lr_schedule.h): one LrSchedule per parameter group, from the group's own
   // starting lr, advanced after every applied step. last_batch_iteration is
@@ -109,9 +111,22 @@ class EngineCore {
   // (the forward wrappers report it; backward and step are timed here).
   void add_forward_time(double milliseconds);
 
-  // What a checkpoint holds beside the module and the optimizer: counters,
-  // the loss scaler and the learning-rate schedule. Loading it into an
-  // engine of the same configuration resumes bit-identically.
+  // What a checkpoint holds beside the module, the optimizer and the
+  // learning-rate schedule (lr_schedule_iteration): counters and the loss
+  // scaler. Restoring it into an engine of the same configuration resumes
+  // bit-identically.
+  struct State {
+    std::uint64_t micro_steps = 0;
+    std::uint64_t global_steps = 0;
+    std::uint64_t global_samples = 0;
+    std::uint64_t skipped_steps = 0;
+    double last_gradient_norm = 0;
+    engine::LossScaler::State loss_scaler;
+  };
+  State state() const;
+  void set_state(const State& state);
+  // The same, with the schedule's iteration, in a torch archive (C++
+  // checkpoints).
   void save_state(torch::serialize::OutputArchive& archive) const;
   void load_state(torch::serialize::InputArchive& archive);
 

@@ -85,7 +85,7 @@ def test_dump_trace_writes_a_complete_trace(trace_dir):
 def test_initialize_trains_with_a_deepspeed_style_config(trace_dir):
     model = make_mlp(seed=2)
     use_budget_for((model, 2))  # unmanaged, parameters and gradients are ordinary tensors
-    engine = spillway.initialize(model, {
+    engine, _, _, _ = spillway.initialize(model=model, config={
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}},
         "gradient_clipping": 1.0,
         "gradient_accumulation_steps": 2,
@@ -105,8 +105,9 @@ def test_initialize_trains_with_a_deepspeed_style_config(trace_dir):
 def test_initialize_bf16_casts_the_model(trace_dir):
     model = make_mlp(seed=4)
     use_budget_for((model, 2))  # unmanaged, parameters and gradients are ordinary tensors
-    engine = spillway.initialize(model, '{"optimizer": {"type": "Adam", "params": {"lr": 1e-3}}, '
-                                        '"bf16": {"enabled": true}}')
+    engine, _, _, _ = spillway.initialize(
+        model=model, config='{"optimizer": {"type": "Adam", "params": {"lr": 1e-3}}, '
+                            '"bf16": {"enabled": true}}')
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
     x, y = mlp_batches(5, 1)[0]
     engine.backward(F.mse_loss(engine(x.bfloat16()).float(), y))
@@ -122,14 +123,15 @@ def test_initialize_bf16_casts_the_model(trace_dir):
 def test_initialize_rejects_bad_configs_by_name_before_touching_the_model(config, named):
     model = make_mlp(seed=6)
     with pytest.raises(ValueError, match=named):
-        spillway.initialize(model, config)
+        spillway.initialize(model=model, config=config)
     assert all(p.dtype == torch.float32 for p in model.parameters())
 
 
 def test_steps_of_the_engine_are_marked_in_the_trace(trace_dir):
     model = make_mlp(seed=7)
     use_budget_for((model, 2))  # unmanaged, parameters and gradients are ordinary tensors
-    engine = spillway.initialize(model, {"optimizer": {"type": "SGD", "params": {"lr": 1e-2}}})
+    engine, _, _, _ = spillway.initialize(
+        model=model, config={"optimizer": {"type": "SGD", "params": {"lr": 1e-2}}})
     before = os.path.join(trace_dir, "engine-before.trace")
     spillway.dump_trace(before)
     for x, y in mlp_batches(8, 3):
