@@ -1,8 +1,11 @@
 #include "hooks/torch/engine.h"
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -10,8 +13,10 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <sys/stat.h>
 
 #include "hooks/engine/gradient_clipping.h"
+#include "hooks/torch/sim_torch_allocator.h"
 #include "hooks/torch/spillway_torch.h"
 
 namespace spillway {
@@ -47,8 +52,9 @@ std::unique_ptr<optim::ChunkedOptimizer> make_optimizer(std::vector<torch::Tenso
 // effect, and what spillway does instead: once per engine, on stderr (a
 // configuration's promises are not a debugging detail).
 void report_deepspeed_mapping(const engine::EngineConfig& config) {
-  const std::string text = engine::describe_deepspeed_mapping(config);
-  if (!text.empty()) fmt::print(stderr, "spillway.initialize: {}\n", text);
+  std::string text_lines = engine::describe_deepspeed_mapping(config);
+  while (!text_lines.empty() && text_lines.back() == '\n') text_lines.pop_back();
+  if (!text_lines.empty()) fmt::print(stderr, "spillway.initialize: {}\n", text_lines);
 }
 
 double milliseconds_since(std::chrono::steady_clock::time_point start) {
@@ -368,6 +374,165 @@ void EngineCore::load_state(torch::serialize::InputArchive& archive) {
                                 " a learning-rate scheduler, loaded into an engine " +
                                 (schedules_.empty() ? "without" : "with") + " one");
   if (saved != -2) restore_lr_schedule(saved);
+}
+
+namespace {
+
+// Note [No std::filesystem beside libtorch]
+// libtorch.so exports std::filesystem symbols of its own build, and the
+// dynamic linker may bind ours to them: remove_all crashed that way. Paths
+// here use POSIX calls instead.
+std::string join_path(const std::string& a, const std::string& b) {
+  return a.empty() || a.back() == '/' ? a + b : a + "/" + b;
+}
+
+bool is_regular_file(const std::string& path) {
+  struct stat info {};
+  return ::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
+}
+
+// mkdir -p.
+void make_directories(const std::string& path) {
+  for (std::size_t slash = path.find('/', 1);; slash = path.find('/', slash + 1)) {
+    const std::string prefix = slash == std::string::npos ? path : path.substr(0, slash);
+    if (::mkdir(prefix.c_str(), 0777) != 0 && errno != EEXIST)
+      throw std::runtime_error("engine save_checkpoint: cannot create " + prefix + ": " +
+                               std::strerror(errno));
+    if (slash == std::string::npos) return;
+  }
+}
+
+std::string model_states_path(const std::string& dir, const std::string& tag) {
+  return join_path(join_path(dir, tag), "mp_rank_00_model_states.pt");
+}
+
+std::string optim_states_path(const std::string& dir, const std::string& tag,
+                              engine::Precision precision) {
+  const char* prefix = precision == engine::Precision::bf16 ? "bf16_" : "";
+  return join_path(join_path(dir, tag),
+                   std::string(prefix) + "zero_pp_rank_0_mp_rank_00_optim_states.pt");
+}
+
+// Written beside, then renamed: no half-written checkpoint under its name.
+template <typename Write>
+void write_atomically(const std::string& path, Write write) {
+  const std::string partial = path + ".partial";
+  write(partial);
+  if (std::rename(partial.c_str(), path.c_str()) != 0)
+    throw std::runtime_error("engine save_checkpoint: cannot rename " + partial + " to " + path +
+                             ": " + std::strerror(errno));
+}
+
+void require_file(const std::string& path) {
+  if (!is_regular_file(path))
+    throw std::runtime_error("engine load_checkpoint: " + path + " does not exist");
+}
+
+// The module's parameters and buffers by name.
+std::vector<std::pair<std::string, torch::Tensor>> module_tensors(torch::nn::Module& module) {
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (const auto& item : module.named_parameters(/*recurse=*/true))
+    tensors.emplace_back(item.key(), item.value());
+  for (const auto& item : module.named_buffers(/*recurse=*/true))
+    tensors.emplace_back(item.key(), item.value());
+  return tensors;
+}
+
+}  // namespace
+
+void EngineCore::save_checkpoint(torch::nn::Module& module, const std::string& dir, std::string tag,
+                                 bool save_latest) {
+  if (tag.empty()) tag = "global_step" + std::to_string(global_steps_);
+  make_directories(join_path(dir, tag));
+  // A checkpoint's copies are host data, off the device budget.
+  torch_bridge::HostWorkScope host;
+  c10::Dict<std::string, at::Tensor> values;
+  {
+    torch::NoGradGuard no_grad;
+    // A copy is an op: a spilled chunk is fetched (raw storage reads are not).
+    for (const auto& [name, tensor] : module_tensors(module))
+      values.insert(name, tensor.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true));
+  }
+  const bool sharded = config_.zero.stage > 0;
+  write_atomically(model_states_path(dir, tag), [&](const std::string& path) {
+    torch::serialize::OutputArchive archive;
+    archive.write("module", c10::IValue(values));
+    torch::serialize::OutputArchive engine_state;
+    save_state(engine_state);
+    archive.write("engine", engine_state);
+    if (!sharded) {
+      torch::serialize::OutputArchive optimizer;
+      optimizer_->save(optimizer);
+      archive.write("optimizer", optimizer);
+    }
+    archive.save_to(path);
+  });
+  if (sharded) {
+    write_atomically(optim_states_path(dir, tag, config_.precision), [&](const std::string& path) {
+      torch::serialize::OutputArchive archive;
+      optimizer_->save(archive);
+      archive.save_to(path);
+    });
+  }
+  if (save_latest) {
+    write_atomically(join_path(dir, "latest"), [&](const std::string& path) {
+      std::ofstream latest(path, std::ios::trunc);
+      latest << tag;
+      if (!latest.flush()) throw std::runtime_error("engine save_checkpoint: cannot write " + path);
+    });
+  }
+}
+
+std::string EngineCore::load_checkpoint(torch::nn::Module& module, const std::string& dir,
+                                        std::string tag) {
+  if (tag.empty()) {
+    const std::string latest = join_path(dir, "latest");
+    require_file(latest);
+    std::ifstream file(latest);
+    std::getline(file, tag);
+    if (tag.empty()) throw std::runtime_error("engine load_checkpoint: " + latest + " is empty");
+  }
+  const std::string path = model_states_path(dir, tag);
+  require_file(path);
+  torch_bridge::HostWorkScope host;  // what is read is host data, off the device budget
+  torch::serialize::InputArchive archive;
+  archive.load_from(path);
+  c10::IValue saved;
+  archive.read("module", saved);
+  const c10::Dict<std::string, at::Tensor> values =
+      c10::impl::toTypedDict<std::string, at::Tensor>(saved.toGenericDict());
+  const auto tensors = module_tensors(module);
+  for (const auto& [name, tensor] : tensors) {
+    if (!values.contains(name))
+      throw std::invalid_argument("engine load_checkpoint: " + path + " has no '" + name + "'");
+    if (values.at(name).sizes() != tensor.sizes())
+      throw std::invalid_argument("engine load_checkpoint: '" + name + "' is " +
+                                  c10::str(values.at(name).sizes()) + " in " + path +
+                                  ", the module's is " + c10::str(tensor.sizes()));
+  }
+  if (values.size() != tensors.size())
+    throw std::invalid_argument("engine load_checkpoint: " + path + " holds " +
+                                std::to_string(values.size()) + " tensors, the module " +
+                                std::to_string(tensors.size()));
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& [name, tensor] : tensors) tensor.copy_(values.at(name));  // an op: fetched
+  }
+  if (config_.zero.stage > 0) {
+    const std::string optim_path = optim_states_path(dir, tag, config_.precision);
+    require_file(optim_path);
+    torch::serialize::InputArchive optimizer;
+    optimizer.load_from(optim_path);
+    optimizer_->load(optimizer);
+  } else {
+    torch::serialize::InputArchive optimizer;
+    archive.read("optimizer", optimizer);
+    optimizer_->load(optimizer);
+  }
+  torch::serialize::InputArchive engine_state;
+  archive.read("engine", engine_state);
+  load_state(engine_state);
+  return path;
 }
 
 }  // namespace spillway

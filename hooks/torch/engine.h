@@ -26,6 +26,7 @@
 //    zeroes them.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -130,6 +131,22 @@ class EngineCore {
   void save_state(torch::serialize::OutputArchive& archive) const;
   void load_state(torch::serialize::InputArchive& archive);
 
+  // DeepSpeed's checkpoint layout (docs/deepspeed.md): dir/tag/
+  // mp_rank_00_model_states.pt holds `module`'s parameters and buffers by
+  // name, the engine's state and, at ZeRO stage 0, the optimizer; at stages
+  // 1-3 the optimizer is in dir/tag/[bf16_]zero_pp_rank_0_mp_rank_00_optim_
+  // states.pt. dir/latest names the tag. An empty tag is DeepSpeed's
+  // "global_step<N>". Tensors are read and written through ops, so their
+  // values are true even where chunks are spilled; each file is written
+  // beside its name, then renamed.
+  void save_checkpoint(torch::nn::Module& module, const std::string& dir, std::string tag,
+                       bool save_latest);
+  // Loads what save_checkpoint wrote (an empty tag: the one dir/latest
+  // names) and returns the model file's path. Throws std::runtime_error
+  // naming the file when one is missing, and std::invalid_argument when a
+  // parameter or buffer is missing, unexpected, or of another shape.
+  std::string load_checkpoint(torch::nn::Module& module, const std::string& dir, std::string tag);
+
  private:
   // Manages the parameters and builds the optimizer over the trainable ones.
   void take_parameters(std::vector<std::pair<std::string, torch::Tensor>> named_params);
@@ -163,9 +180,23 @@ class Engine : public EngineCore {
 
   template <typename... Inputs>
   auto forward(Inputs&&... inputs) {
-    return model_->forward(std::forward<Inputs>(inputs)...);
+    const auto start = std::chrono::steady_clock::now();
+    auto out = model_->forward(std::forward<Inputs>(inputs)...);
+    add_forward_time(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+            .count());
+    return out;
   }
   ModuleHolder& module() { return model_; }
+  void train(bool on = true) { model_->train(on); }
+  void eval() { model_->eval(); }
+
+  void save_checkpoint(const std::string& dir, std::string tag = "", bool save_latest = true) {
+    EngineCore::save_checkpoint(*model_, dir, std::move(tag), save_latest);
+  }
+  std::string load_checkpoint(const std::string& dir, std::string tag = "") {
+    return EngineCore::load_checkpoint(*model_, dir, std::move(tag));
+  }
 
  private:
   ModuleHolder model_;

@@ -196,10 +196,12 @@ class Engine:
         os.makedirs(folder, exist_ok=True)
         frozen = {name for name, param in self.module.named_parameters()
                   if not param.requires_grad} if exclude_frozen_parameters else set()
-        # clone() is an op: it fetches a spilled chunk (torch.save alone would
-        # read the storage's bytes directly).
-        module_state = {name: value.detach().clone()
-                        for name, value in self.module.state_dict().items() if name not in frozen}
+        # A copy is an op: it fetches a spilled chunk (torch.save alone would read the
+        # storage's bytes directly). The copies are host data, off the device budget.
+        with _C._HostWork():
+            module_state = {name: value.detach().to("cpu", copy=True)
+                            for name, value in self.module.state_dict().items()
+                            if name not in frozen}
         sharded = self._summary["zero_stage"] > 0
         state = {
             "module": module_state,
@@ -249,8 +251,9 @@ class Engine:
         if not os.path.isfile(model_path):
             raise FileNotFoundError(f"spillway.Engine.load_checkpoint: {model_path} does not "
                                     "exist")
-        checkpoint = torch.load(model_path, map_location="cpu", weights_only=True)
-        self.module.load_state_dict(checkpoint["module"], strict=load_module_strict)
+        with _C._HostWork():  # what is read is host data, off the device budget
+            checkpoint = torch.load(model_path, map_location="cpu", weights_only=True)
+            self.module.load_state_dict(checkpoint["module"], strict=load_module_strict)
         if not load_module_only:
             if load_optimizer_states:
                 saved = checkpoint["optimizer"]

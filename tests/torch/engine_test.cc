@@ -8,10 +8,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
@@ -284,3 +288,114 @@ TEST(Initialize, BadConfigurationsAreRejectedByNameBeforeTouchingTheModel) {
 }
 
 }  // namespace
+
+namespace {
+
+// DeepSpeed's WarmupLR, linear, as its lr_schedules.py computes it: the
+// scheduler starts the optimizer at warmup_min_lr (last_batch_iteration -1);
+// after applied step k it holds the lr of iteration k, which step k + 1 uses.
+double warmup_linear_lr(double min_lr, double max_lr, int warmup, int step) {
+  const int iteration = step - 1;
+  if (iteration < 0) return min_lr;
+  const double gamma = iteration < warmup ? static_cast<double>(iteration) / warmup : 1.0;
+  return min_lr + (max_lr - min_lr) * gamma;
+}
+
+// Note [No std::filesystem beside libtorch] in hooks/torch/engine.cc.
+void remove_tree(const std::string& dir) {
+  ASSERT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
+}
+
+bool is_regular_file(const std::string& path) {
+  struct stat info {};
+  return ::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
+}
+
+std::string temporary_directory(const std::string& name) {
+  const std::string dir = "/tmp/spillway-engine-" + name + "-" + std::to_string(::getpid());
+  remove_tree(dir);
+  return dir;
+}
+
+template <typename EngineType>
+void train_micro_batches(EngineType& engine, const std::vector<Batch>& batches, std::size_t begin,
+                         std::size_t end) {
+  for (std::size_t i = begin; i < end; ++i) {
+    engine.backward(torch::mse_loss(engine.forward(batches[i].input), batches[i].target));
+    engine.step();
+  }
+}
+
+}  // namespace
+
+TEST(Initialize, TheSchedulerSetsEachStepsLrInDeepSpeedsOrder) {
+  const auto batches = make_batches(8, 16, 11);
+  auto reference = reference_work([] { return make_mlp(5); });
+  torch::optim::SGD torch_sgd(reference->parameters(), torch::optim::SGDOptions(1.0));
+  auto engine = spillway::initialize(
+      make_mlp(5), config_with(R"("optimizer": {"type": "SGD", "params": {"lr": 0.05}},
+                     "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.001,
+                                   "warmup_max_lr": 0.01, "warmup_num_steps": 4,
+                                   "warmup_type": "linear"}})"));
+  ASSERT_TRUE(engine.has_lr_schedule());
+  EXPECT_EQ(engine.lr_schedule_iteration(), -1);
+  double worst = 0;
+  for (int k = 0; k < static_cast<int>(batches.size()); ++k) {
+    const double lr = warmup_linear_lr(0.001, 0.01, 4, k);
+    ASSERT_EQ(engine.get_lr(), std::vector<double>{lr}) << "step " << k;
+    reference_work([&] {
+      static_cast<torch::optim::SGDOptions&>(torch_sgd.param_groups()[0].options()).lr(lr);
+      torch_sgd.zero_grad();
+      torch::mse_loss(reference->forward(batches[k].input), batches[k].target).backward();
+      torch_sgd.step();
+    });
+    train_micro_batches(engine, batches, k, k + 1);
+    worst =
+        std::max(worst, max_relative_difference(snapshot(*engine.module()), snapshot(*reference)));
+  }
+  std::printf("max relative parameter difference, scheduled SGD vs torch: %.3g\n", worst);
+  EXPECT_EQ(worst, 0);
+  EXPECT_EQ(engine.lr_schedule_iteration(), 7);
+}
+
+TEST(Initialize, ACheckpointResumesBitIdenticallyWithOptimizerAndSchedulerState) {
+  const auto batches = make_batches(16, 16, 12);
+  const std::string config = config_with(
+      R"("optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}},
+         "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 1e-3,
+                       "warmup_num_steps": 6}},
+         "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 1})");
+  const std::string dir = temporary_directory("resume");
+  auto engine = spillway::initialize(make_mlp(6), config);
+  train_micro_batches(engine, batches, 0, 6);
+  engine.save_checkpoint(dir);
+  EXPECT_TRUE(is_regular_file(dir + "/global_step3/mp_rank_00_model_states.pt"));
+  EXPECT_TRUE(is_regular_file(dir + "/global_step3/zero_pp_rank_0_mp_rank_00_optim_states.pt"));
+  train_micro_batches(engine, batches, 6, 16);
+  const auto expected = snapshot(*engine.module());
+
+  auto resumed = spillway::initialize(make_mlp(60), config);  // other values
+  EXPECT_EQ(resumed.load_checkpoint(dir), dir + "/global_step3/mp_rank_00_model_states.pt");
+  EXPECT_EQ(resumed.global_steps(), 3u);
+  EXPECT_EQ(resumed.micro_steps(), 6u);
+  EXPECT_EQ(resumed.lr_schedule_iteration(), 2);
+  train_micro_batches(resumed, batches, 6, 16);
+  EXPECT_EQ(max_relative_difference(snapshot(*resumed.module()), expected), 0);
+  EXPECT_EQ(resumed.get_lr(), engine.get_lr());
+  remove_tree(dir);
+}
+
+TEST(Initialize, LoadingAMissingOrMismatchedCheckpointNamesWhatIsWrong) {
+  const std::string dir = temporary_directory("missing");
+  auto engine = spillway::initialize(
+      make_mlp(7), config_with(R"("optimizer": {"type": "SGD", "params": {"lr": 0.01}})"));
+  EXPECT_THAT([&] { engine.load_checkpoint(dir); },
+              testing::ThrowsMessage<std::runtime_error>(testing::HasSubstr(dir + "/latest")));
+  engine.save_checkpoint(dir, "mine");
+  auto other =
+      spillway::initialize(torch::nn::Sequential(torch::nn::Linear(kInputs, 4)),
+                           config_with(R"("optimizer": {"type": "SGD", "params": {"lr": 0.01}})"));
+  EXPECT_THAT([&] { other.load_checkpoint(dir, "mine"); },
+              testing::ThrowsMessage<std::invalid_argument>(testing::HasSubstr("0.weight")));
+  remove_tree(dir);
+}
