@@ -21,8 +21,13 @@ base="${SPILLWAY_PYTHON:-$HOME/.local/share/spillway/venv/bin/python}"
 venv="${SPILLWAY_BENCH_DEEPSPEED_VENV:-$HOME/.cache/spillway/bench-deepspeed-venv}"
 version="${SPILLWAY_BENCH_DEEPSPEED_VERSION:-0.18.*}"
 
+mkdir -p "$(dirname "$venv")"
+# Tests run in parallel may ask at once: one makes the environment, the
+# others wait for it.
+exec 9>"$venv.lock"
+flock 9
 if ! "$venv/bin/python" -c 'import deepspeed' >/dev/null 2>&1; then
-  mkdir -p "$(dirname "$venv")"
+  rm -rf "$venv"  # a half-made one from an interrupted run
   "$base" -m venv "$venv" >&2
   site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
   "$base" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' >"$site/spillway-project.pth"

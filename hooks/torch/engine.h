@@ -22,8 +22,11 @@
 //    At an accumulation boundary step() looks at the gradients once (global
 //    norm, inf/NaN): with fp16 an overflow skips the step and lowers the
 //    scale; otherwise the optimizer steps with the gradients multiplied by
-//    1 / loss_scale and the clipping factor, fused into its update, then
-//    zeroes them.
+//    DeepSpeed's factor (1 / loss_scale and clipping, for the precision and
+//    ZeRO stage: hooks/engine/gradient_clipping.h), fused into its update,
+//    steps the configured scheduler (applied steps only), then zeroes them.
+//  - Counters, step flags, the printed lines and the checkpoint layout are
+//    DeepSpeed's (docs/deepspeed.md), so a DeepSpeed script reads the same.
 #pragma once
 
 #include <chrono>

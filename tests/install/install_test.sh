@@ -24,7 +24,7 @@ cmake --install "$build" --prefix "$prefix" >/dev/null
 # built, its API and what that includes (cmake/PublicHeaders.cmake). Not the
 # allocator's rooms (allocator/chunk/, ...), tracer/ or hooks/torch/bridge.h.
 public='allocator/spillway\.h'
-bridge_headers='hooks/torch/(spillway_torch|engine|optim)\.h|hooks/engine/(engine_config|loss_scaler)\.h|hooks/optim/cpu_kernels\.h'
+bridge_headers='hooks/torch/(spillway_torch|engine|optim)\.h|hooks/engine/(engine_config|loss_scaler|lr_schedule|lr_schedule_config|progress_report|zero_config)\.h|hooks/optim/cpu_kernels\.h'
 public+="|$bridge_headers"
 installed=$(cd "$prefix/include/spillway" && find . -type f | sed 's|^\./||' | sort)
 echo "install_test: installed headers: $(tr '\n' ' ' <<<"$installed")"
@@ -40,7 +40,7 @@ if [[ -n $torch_prefix ]]; then
   libdir=$(dirname "$(find "$prefix" -name 'libspillway.so' | head -n1)")
   [[ -e $libdir/libspillway_torch.so ]] || { echo "install_test: libspillway_torch.so not installed"; exit 1; }
   api_headers=$(grep -cxE "$bridge_headers" <<<"$installed" || true)
-  [[ $api_headers == 6 ]] || { echo "install_test: the bridge's API headers are not all installed"; exit 1; }
+  [[ $api_headers == 10 ]] || { echo "install_test: the bridge's API headers are not all installed"; exit 1; }
   # One runtime per process: the bridge defines none of libspillway.so's own
   # (strong) symbols; it uses them. Inline functions (weak) may be in both.
   strong() { nm -D --defined-only "$1" | awk '$2 ~ /^[TDBR]$/ {print $3}' | sort -u; }
