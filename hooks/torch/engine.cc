@@ -57,6 +57,22 @@ void report_deepspeed_mapping(const engine::EngineConfig& config) {
   if (!text_lines.empty()) fmt::print(stderr, "spillway.initialize: {}\n", text_lines);
 }
 
+// DeepSpeed's fp32 clip_grad_norm_ (runtime/utils.py): each gradient's
+// float32 L2 norm, stacked, squared, summed and raised to 1/2, with torch's
+// own kernels in the same order, so the global norm (and so the clipping
+// factor) is DeepSpeed's to the bit. Parameters without a gradient are left
+// out, as there.
+double deepspeed_fp32_global_norm(const std::vector<torch::Tensor>& params) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> norms;
+  for (const torch::Tensor& param : params) {
+    const torch::Tensor& grad = param.grad();
+    if (grad.defined()) norms.push_back(grad.detach().to(torch::kFloat).norm(2));
+  }
+  if (norms.empty()) return 0;
+  return torch::stack(norms).square().sum().to(torch::kFloat).pow(1.0 / 2.0).item<double>();
+}
+
 double milliseconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
       .count();
@@ -92,15 +108,17 @@ EngineCore::EngineCore(std::vector<std::pair<std::string, torch::Tensor>> named_
                        engine::EngineConfig config, optim::ChunkedOptimizer& optimizer)
     : config_(std::move(config)), scaler_(config_.loss_scaler), optimizer_(&optimizer) {
   if (config_.spillway_conf) configure(*config_.spillway_conf);
+  for (const auto& [name, param] : named_params)
+    if (param.defined() && param.requires_grad()) trainable_.push_back(param);
   manage(std::move(named_params));
   start_lr_schedule();
   report_deepspeed_mapping(config_);
 }
 
 void EngineCore::take_parameters(std::vector<std::pair<std::string, torch::Tensor>> named_params) {
-  std::vector<torch::Tensor> trainable;
   for (const auto& [name, param] : named_params)
-    if (param.defined() && param.requires_grad()) trainable.push_back(param);
+    if (param.defined() && param.requires_grad()) trainable_.push_back(param);
+  std::vector<torch::Tensor> trainable = trainable_;
   if (trainable.empty())
     throw std::invalid_argument("initialize: the model has no parameter that requires grad");
   manage(std::move(named_params));
@@ -251,7 +269,12 @@ bool EngineCore::step() {
   const double loss_scale = fp16 ? scaler_.scale() : 1.0;
   double grad_scale = 1.0 / loss_scale;
   bool overflow = false;
-  if (fp16 || config_.gradient_clipping > 0) {
+  if (path == engine::ClipPath::fp32 && config_.gradient_clipping > 0) {
+    // The norm as DeepSpeed's clip_grad_norm_ takes it, so the factor is its.
+    last_norm_ = deepspeed_fp32_global_norm(trainable_);
+    grad_scale =
+        engine::deepspeed_gradient_factor(path, last_norm_, config_.gradient_clipping, 1.0);
+  } else if (fp16 || config_.gradient_clipping > 0) {
     const optim::GradientSummary summary =
         optimizer_->gradient_summary(scaled_norm ? 1.0 : 1.0 / loss_scale);
     overflow = fp16 && summary.found_inf;

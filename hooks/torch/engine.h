@@ -164,6 +164,7 @@ class EngineCore {
   engine::LossScaler scaler_;
   std::unique_ptr<optim::ChunkedOptimizer> owned_optimizer_;
   optim::ChunkedOptimizer* optimizer_ = nullptr;
+  std::vector<torch::Tensor> trainable_;       // in the module's order, for the fp32 clip norm
   std::vector<engine::LrSchedule> schedules_;  // one per parameter group
   double last_norm_ = 0;
   engine::StepTimes micro_times_;   // since the last step()

@@ -5,10 +5,11 @@ on the CPU. It never imports spillway.
     deepspeed_engine_reference.py TASK IN.pt OUT.pt
 
 TASK train: IN holds a plain model (pickled torch.nn modules), its batches,
-  the torch optimizer's kind and options, and a DeepSpeed scheduler block;
-  trains the model with torch.optim driven by DeepSpeed's scheduler class, in
-  DeepSpeed's engine order (optimizer.step, then scheduler.step), and writes
-  the final parameters and the lr before every step.
+  the torch optimizer's kind and options, a DeepSpeed scheduler block and a
+  gradient_clipping value; trains the model with torch.optim driven by
+  DeepSpeed's scheduler class and clipped by DeepSpeed's clip_grad_norm_, in
+  DeepSpeed's engine order (clip, optimizer.step, then scheduler.step), and
+  writes the final parameters, the lr before every step and the norms.
 TASK lrs: IN holds scheduler blocks, an optimizer kind and lr, and a step
   count; writes the lr (and momentum) DeepSpeed's scheduler leaves in the
   param group before each optimizer step.
@@ -39,18 +40,40 @@ def momentum_of(group):
     return list(group["betas"]) if "betas" in group else [group.get("momentum", 0.0)]
 
 
+def one_process_group():
+    """deepspeed.comm as DeepSpeed's engine has it in a one-process run (its
+    loss scaler logs by rank; its clip_grad_norm_ all-reduces the norm)."""
+    import deepspeed
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK="0", LOCAL_RANK="0",
+                      WORLD_SIZE="1")
+    deepspeed.init_distributed(dist_backend="gloo")
+
+
 def train(spec):
+    """DeepSpeed's engine order without ZeRO in fp32: backward, clip with
+    DeepSpeed's clip_grad_norm_ when gradient_clipping is set, step, then the
+    scheduler."""
+    from deepspeed.runtime.utils import clip_grad_norm_
+    clipping = spec.get("gradient_clipping", 0.0)
+    if clipping > 0:
+        one_process_group()
     model = spec["model"]
     optimizer = torch_optimizer(spec["kind"], model.parameters(), spec["options"])
     scheduler = scheduler_of(spec["scheduler"], optimizer)
-    lrs = []
+    lrs, norms = [], []
     for x, y in spec["batches"]:
         optimizer.zero_grad(set_to_none=True)
         F.mse_loss(model(x), y).backward()
+        if clipping > 0:
+            norms.append(float(clip_grad_norm_(model.parameters(), clipping)))
         lrs.append(optimizer.param_groups[0]["lr"])
         optimizer.step()
         scheduler.step()
-    return {"params": [p.detach().clone() for p in model.parameters()], "lrs": lrs}
+    return {"params": [p.detach().clone() for p in model.parameters()], "lrs": lrs,
+            "norms": norms}
 
 
 def lrs(spec):
@@ -69,14 +92,7 @@ def lrs(spec):
 
 
 def scaler(spec):
-    # DynamicLossScaler logs through deepspeed.comm's rank: a one-process group.
-    import deepspeed
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = str(probe.getsockname()[1])
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK="0", LOCAL_RANK="0",
-                      WORLD_SIZE="1")
-    deepspeed.init_distributed(dist_backend="gloo")
+    one_process_group()
     scaler = DynamicLossScaler(init_scale=spec["init_scale"], scale_window=spec["scale_window"],
                                min_scale=spec["min_scale"], delayed_shift=spec["delayed_shift"],
                                consecutive_hysteresis=spec["consecutive_hysteresis"],

@@ -196,24 +196,27 @@ def _train_tiny(engine, batches):
                                     "warmup_num_steps": 5, "warmup_type": "linear"}},
     {"type": "WarmupCosineLR", "params": {"total_num_steps": 8, "warmup_num_steps": 3}},
 ], ids=["WarmupLR", "WarmupCosineLR"])
-def test_a_scheduled_run_is_bit_identical_to_deepspeeds_scheduler_driving_torch(
+def test_a_scheduled_clipped_run_is_bit_identical_to_deepspeeds_scheduler_driving_torch(
         deepspeed_python, block):
     model = make_mlp(seed=7)
     plain = copy.deepcopy(model)
     batches = mlp_batches(3, 8)
     options = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
+    clipping = 0.05  # below the MLP's gradient norms: every step is clipped
     reference = deepspeed_reference(deepspeed_python, "train", {
         "model": plain, "batches": batches, "kind": "AdamW", "options": options,
-        "scheduler": block})
+        "scheduler": block, "gradient_clipping": clipping})
     engine, _, _, scheduler = spillway.initialize(model=model, config={
         "optimizer": {"type": "AdamW", "params": {**options, "betas": list(options["betas"])}},
-        "scheduler": block})
-    lrs = []
+        "scheduler": block, "gradient_clipping": clipping})
+    lrs, norms = [], []
     for x, y in batches:
         engine.backward(F.mse_loss(engine(x), y))
         lrs.append(engine.get_lr()[0])
         engine.step()
+        norms.append(engine.get_global_grad_norm())
     assert lrs == reference["lrs"]
+    assert norms == reference["norms"] and min(norms) > clipping
     for mine, theirs in zip(parameters_copy(model), reference["params"]):
         assert torch.equal(mine, theirs)
     assert scheduler.state_dict() == {"last_batch_iteration": len(batches) - 1}
