@@ -73,6 +73,27 @@ double deepspeed_fp32_global_norm(const std::vector<torch::Tensor>& params) {
   return torch::stack(norms).square().sum().to(torch::kFloat).pow(1.0 / 2.0).item<double>();
 }
 
+// The parameters an optimizer steps, in the module's order.
+std::vector<torch::Tensor> trainable_of(
+    const std::vector<std::pair<std::string, torch::Tensor>>& named_params) {
+  std::vector<torch::Tensor> trainable;
+  for (const auto& [name, param] : named_params)
+    if (param.defined() && param.requires_grad()) trainable.push_back(param);
+  return trainable;
+}
+
+// A group's momentum setting: Adam's and AdamW's {beta1, beta2}, SGD's
+// {momentum}; empty for other options.
+std::vector<double> momentum_of(const torch::optim::OptimizerOptions& options) {
+  if (const auto* sgd = dynamic_cast<const torch::optim::SGDOptions*>(&options))
+    return {sgd->momentum()};
+  if (const auto* adam = dynamic_cast<const torch::optim::AdamOptions*>(&options))
+    return {std::get<0>(adam->betas()), std::get<1>(adam->betas())};
+  if (const auto* adamw = dynamic_cast<const torch::optim::AdamWOptions*>(&options))
+    return {std::get<0>(adamw->betas()), std::get<1>(adamw->betas())};
+  return {};
+}
+
 double milliseconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
       .count();
@@ -108,21 +129,18 @@ EngineCore::EngineCore(std::vector<std::pair<std::string, torch::Tensor>> named_
                        engine::EngineConfig config, optim::ChunkedOptimizer& optimizer)
     : config_(std::move(config)), scaler_(config_.loss_scaler), optimizer_(&optimizer) {
   if (config_.spillway_conf) configure(*config_.spillway_conf);
-  for (const auto& [name, param] : named_params)
-    if (param.defined() && param.requires_grad()) trainable_.push_back(param);
+  trainable_ = trainable_of(named_params);
   manage(std::move(named_params));
   start_lr_schedule();
   report_deepspeed_mapping(config_);
 }
 
 void EngineCore::take_parameters(std::vector<std::pair<std::string, torch::Tensor>> named_params) {
-  for (const auto& [name, param] : named_params)
-    if (param.defined() && param.requires_grad()) trainable_.push_back(param);
-  std::vector<torch::Tensor> trainable = trainable_;
-  if (trainable.empty())
+  trainable_ = trainable_of(named_params);
+  if (trainable_.empty())
     throw std::invalid_argument("initialize: the model has no parameter that requires grad");
   manage(std::move(named_params));
-  owned_optimizer_ = make_optimizer(std::move(trainable), config_.optimizer);
+  owned_optimizer_ = make_optimizer(trainable_, config_.optimizer);
   optimizer_ = owned_optimizer_.get();
   start_lr_schedule();
   report_deepspeed_mapping(config_);
@@ -134,14 +152,12 @@ namespace {
 // whether it has betas (Adam, AdamW) and which.
 engine::OptimizerConfig group_settings(const torch::optim::OptimizerParamGroup& group) {
   engine::OptimizerConfig settings;
-  const auto& options = group.options();
-  settings.lr = options.get_lr();
-  if (const auto* adam = dynamic_cast<const torch::optim::AdamOptions*>(&options)) {
+  settings.lr = group.options().get_lr();
+  const std::vector<double> momentum = momentum_of(group.options());
+  if (momentum.size() == 2) {  // the schedule treats Adam and AdamW alike
     settings.type = engine::OptimizerType::adam;
-    std::tie(settings.beta1, settings.beta2) = adam->betas();
-  } else if (const auto* adamw = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) {
-    settings.type = engine::OptimizerType::adamw;
-    std::tie(settings.beta1, settings.beta2) = adamw->betas();
+    settings.beta1 = momentum[0];
+    settings.beta2 = momentum[1];
   } else {
     settings.type = engine::OptimizerType::sgd;
   }
@@ -175,18 +191,8 @@ void EngineCore::apply_lr_schedule() {
 
 std::vector<std::vector<double>> EngineCore::group_momentum() const {
   std::vector<std::vector<double>> momentum;
-  for (const auto& group : optimizer_->param_groups()) {
-    const auto& options = group.options();
-    if (const auto* sgd = dynamic_cast<const torch::optim::SGDOptions*>(&options)) {
-      momentum.push_back({sgd->momentum()});
-    } else if (const auto* adam = dynamic_cast<const torch::optim::AdamOptions*>(&options)) {
-      momentum.push_back({std::get<0>(adam->betas()), std::get<1>(adam->betas())});
-    } else if (const auto* adamw = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) {
-      momentum.push_back({std::get<0>(adamw->betas()), std::get<1>(adamw->betas())});
-    } else {
-      momentum.emplace_back();
-    }
-  }
+  for (const auto& group : optimizer_->param_groups())
+    momentum.push_back(momentum_of(group.options()));
   return momentum;
 }
 
@@ -318,15 +324,9 @@ void EngineCore::report_progress(bool boundary, double step_ms) {
   engine::GroupMomentum momentum;
   momentum.sgd = dynamic_cast<const torch::optim::SGDOptions*>(
                      &optimizer_->param_groups().front().options()) != nullptr;
-  for (const auto& group : optimizer_->param_groups()) {
-    const auto& options = group.options();
-    if (const auto* sgd = dynamic_cast<const torch::optim::SGDOptions*>(&options)) {
-      momentum.momentum.push_back(sgd->momentum());
-    } else if (const auto* adam = dynamic_cast<const torch::optim::AdamOptions*>(&options)) {
-      momentum.betas.emplace_back(std::get<0>(adam->betas()), std::get<1>(adam->betas()));
-    } else if (const auto* adamw = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) {
-      momentum.betas.emplace_back(std::get<0>(adamw->betas()), std::get<1>(adamw->betas()));
-    }
+  for (const std::vector<double>& group : group_momentum()) {
+    if (group.size() == 1) momentum.momentum.push_back(group[0]);
+    if (group.size() == 2) momentum.betas.emplace_back(group[0], group[1]);
   }
   fmt::print(stderr, "{}\n",
              engine::progress_line(global_steps_, skipped_steps_, get_lr(), momentum));
@@ -347,15 +347,16 @@ void EngineCore::set_state(const State& state) {
 }
 
 void EngineCore::save_state(torch::serialize::OutputArchive& archive) const {
+  const State state = this->state();
   auto counter = [](std::uint64_t value) {
     return torch::tensor(static_cast<std::int64_t>(value), torch::kInt64);
   };
-  archive.write("micro_steps", counter(micro_steps_));
-  archive.write("global_steps", counter(global_steps_));
-  archive.write("global_samples", counter(global_samples_));
-  archive.write("skipped_steps", counter(skipped_steps_));
-  archive.write("last_gradient_norm", torch::tensor(last_norm_, torch::kFloat64));
-  const engine::LossScaler::State scaler = scaler_.state();
+  archive.write("micro_steps", counter(state.micro_steps));
+  archive.write("global_steps", counter(state.global_steps));
+  archive.write("global_samples", counter(state.global_samples));
+  archive.write("skipped_steps", counter(state.skipped_steps));
+  archive.write("last_gradient_norm", torch::tensor(state.last_gradient_norm, torch::kFloat64));
+  const engine::LossScaler::State& scaler = state.loss_scaler;
   archive.write("loss_scaler",
                 torch::tensor({scaler.scale, static_cast<double>(scaler.hysteresis_left),
                                static_cast<double>(scaler.iteration),
@@ -373,20 +374,22 @@ void EngineCore::load_state(torch::serialize::InputArchive& archive) {
     archive.read(key, value);
     return static_cast<std::uint64_t>(value.item<std::int64_t>());
   };
-  micro_steps_ = counter("micro_steps");
-  global_steps_ = counter("global_steps");
-  global_samples_ = counter("global_samples");
-  skipped_steps_ = counter("skipped_steps");
+  State state;
+  state.micro_steps = counter("micro_steps");
+  state.global_steps = counter("global_steps");
+  state.global_samples = counter("global_samples");
+  state.skipped_steps = counter("skipped_steps");
   torch::Tensor norm, scaler;
   archive.read("last_gradient_norm", norm);
-  last_norm_ = norm.item<double>();
+  state.last_gradient_norm = norm.item<double>();
   archive.read("loss_scaler", scaler);
   if (scaler.numel() != 5)
     throw std::invalid_argument("engine checkpoint: loss_scaler holds " +
                                 std::to_string(scaler.numel()) + " values, expected 5");
   const auto* v = scaler.data_ptr<double>();
-  scaler_.set_state({v[0], static_cast<int>(v[1]), static_cast<std::int64_t>(v[2]),
-                     static_cast<std::int64_t>(v[3]), static_cast<std::uint64_t>(v[4])});
+  state.loss_scaler = {v[0], static_cast<int>(v[1]), static_cast<std::int64_t>(v[2]),
+                       static_cast<std::int64_t>(v[3]), static_cast<std::uint64_t>(v[4])};
+  set_state(state);
   // -2: saved without a scheduler.
   torch::Tensor iteration;
   archive.read("lr_schedule_iteration", iteration);

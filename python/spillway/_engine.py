@@ -27,6 +27,11 @@ import torch
 from . import _C
 from . import optim as _optim
 
+# What save_checkpoint writes into the model-states file itself; every other
+# key there is the client's state.
+_CHECKPOINT_KEYS = {"module", "buffer_names", "optimizer", "lr_scheduler", "global_steps",
+                    "global_samples", "skipped_steps", "dp_world_size", "mp_world_size",
+                    "ds_config", "ds_version", "spillway_engine"}
 _TORCH_OPTIMIZERS = {torch.optim.Adam: "Adam", torch.optim.AdamW: "AdamW", torch.optim.SGD: "SGD"}
 
 
@@ -100,7 +105,7 @@ class Engine:
         (or skips the step on an fp16 overflow) and zeroes the gradients, then
         steps the learning-rate scheduler if the step was applied. Returns
         whether the optimizer stepped."""
-        self._groups_to_core()
+        self.optimizer._push_group_options()  # a client scheduler's changes
         applied = self._core.step()
         if applied and self._client_lr_scheduler is not None:
             with warnings.catch_warnings():
@@ -218,6 +223,7 @@ class Engine:
             "ds_version": _version(),
             "spillway_engine": self._core.state_dict(),
         }
+        assert state.keys() == _CHECKPOINT_KEYS
         for key, value in (client_state or {}).items():
             if key in state:
                 raise ValueError(f"spillway.Engine.save_checkpoint: client_state key {key!r} "
@@ -268,17 +274,10 @@ class Engine:
                                      "learning-rate scheduler's state and this engine has none")
                 self.lr_scheduler.load_state_dict(checkpoint["lr_scheduler"])
             self._groups_from_core()
-        own = {"module", "buffer_names", "optimizer", "lr_scheduler", "global_steps",
-               "global_samples", "skipped_steps", "dp_world_size", "mp_world_size", "ds_config",
-               "ds_version", "spillway_engine"}
-        return model_path, {key: value for key, value in checkpoint.items() if key not in own}
+        return model_path, {key: value for key, value in checkpoint.items()
+                            if key not in _CHECKPOINT_KEYS}
 
     # --- the optimizer's groups, kept equal on both sides ---------------------------------------
-
-    def _groups_to_core(self):
-        """A change to param_groups (a client scheduler's) reaches the C++ optimizer."""
-        for index, group in enumerate(self.optimizer.param_groups):
-            self.optimizer._impl.set_group_options(index, self.optimizer._options(group))
 
     def _groups_from_core(self):
         """What the C++ engine set (the configured scheduler's lr and betas)

@@ -52,14 +52,18 @@ class _ChunkedOptimizer(torch.optim.Optimizer):
             group = self.param_groups[-1]
             self._impl.add_param_group(self._kind, group["params"], self._options(group))
 
+    def _push_group_options(self):
+        """param_groups' options (changed by a scheduler, say) reach the C++ optimizer."""
+        for index, group in enumerate(self.param_groups):
+            self._impl.set_group_options(index, self._options(group))
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for index, group in enumerate(self.param_groups):
-            self._impl.set_group_options(index, self._options(group))
+        self._push_group_options()
         self._impl.step()
         return loss
 
@@ -107,8 +111,7 @@ class _ChunkedOptimizer(torch.optim.Optimizer):
             by_index.update(zip(saved["params"], ((p, group) for p in group["params"])))
         for saved, group in zip(saved_groups, self.param_groups):
             group.update({key: value for key, value in saved.items() if key != "params"})
-        for index, group in enumerate(self.param_groups):
-            self._impl.set_group_options(index, self._options(group))
+        self._push_group_options()
         for index, entry in state_dict["state"].items():
             if index not in by_index:
                 raise ValueError(f"spillway.optim.{self._kind}: the state dict has state for "
