@@ -31,13 +31,6 @@ const char* dtype_name(engine::Precision precision) {
 
 void bind_engine(py::module_& module) {
   module.def(
-      "engine_compute_dtype",
-      [](const std::string& json) {
-        return dtype_name(engine::parse_engine_config(json).precision);
-      },
-      py::arg("config_json"),
-      "The torch dtype name a configuration computes in; ValueError naming a bad key.");
-  module.def(
       "engine_config_summary",
       [](const std::string& json) {
         const engine::EngineConfig config = engine::parse_engine_config(json);

@@ -260,13 +260,13 @@ class Engine:
         with _C._HostWork():  # what is read is host data, off the device budget
             checkpoint = torch.load(model_path, map_location="cpu", weights_only=True)
             self.module.load_state_dict(checkpoint["module"], strict=load_module_strict)
+            saved_optimizer = checkpoint["optimizer"]
+            if not load_module_only and load_optimizer_states and saved_optimizer is None:
+                saved_optimizer = torch.load(optim_path, map_location="cpu",
+                                             weights_only=True)["optimizer_state_dict"]
         if not load_module_only:
             if load_optimizer_states:
-                saved = checkpoint["optimizer"]
-                if saved is None:
-                    saved = torch.load(optim_path, map_location="cpu",
-                                       weights_only=True)["optimizer_state_dict"]
-                self.optimizer.load_state_dict(saved)
+                self.optimizer.load_state_dict(saved_optimizer)
             self._core.load_state_dict(checkpoint["spillway_engine"])
             if load_lr_scheduler_states and checkpoint["lr_scheduler"] is not None:
                 if self.lr_scheduler is None:
