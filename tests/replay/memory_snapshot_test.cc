@@ -304,7 +304,6 @@ class replay_GeneratedSnapshot : public ::testing::Test {
 TEST_F(replay_GeneratedSnapshot, TransformerTrainingRun) {
   check("transformer_train.pickle", "transformer_train");
   const auto keys = expected("transformer_train");
-  // The budget made the model return segments: reserved fell and rose again.
   EXPECT_GT(keys.at("native_peak_reserved_bytes"), keys.at("native_peak_allocated_bytes"));
 }
 
