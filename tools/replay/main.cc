@@ -9,7 +9,8 @@
 //   spillway-replay run.pickle --device 1
 //
 // Exit status: 0 replayed; 1 the trace could not be read or is inconsistent
-// (the message names the line or byte offset); CLI11's codes for bad flags.
+// (the message names the line, byte offset or snapshot entry); CLI11's codes for bad
+// flags.
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
