@@ -23,6 +23,18 @@ std::string hex(std::uint64_t value) {
   return "0x" + out;
 }
 
+// *total += delta; false when that overflows (sizes from a hostile file).
+bool add_checked(std::int64_t* total, std::int64_t delta) {
+  return !__builtin_add_overflow(*total, delta, total);
+}
+bool subtract_checked(std::int64_t* total, std::int64_t delta) {
+  return !__builtin_sub_overflow(*total, delta, total);
+}
+
+// Byte counts and addresses above this are refused, so that rounding and
+// negating them stays within 64 bits.
+constexpr std::uint64_t kMaxByteCount = std::uint64_t{1} << 62;
+
 // Reads typed fields of the snapshot's dicts; the first problem is kept in
 // `error` with the path to the value.
 class SnapshotFields {
@@ -64,6 +76,9 @@ class SnapshotFields {
     if (!integer(dict, key, path, &value)) return false;
     if (value < 0)
       return fail(path, "'" + std::string(key) + "' is negative (" + std::to_string(value) + ")");
+    if (static_cast<std::uint64_t>(value) > kMaxByteCount)
+      return fail(path,
+                  "'" + std::string(key) + "' is larger than 2^62 (" + std::to_string(value) + ")");
     *out = static_cast<std::uint64_t>(value);
     return true;
   }
@@ -146,6 +161,13 @@ AllocationTraceResult allocation_trace_from_snapshot(const PickleDocument& snaps
   const std::vector<PickleRef>& entries = snapshot.items(entries_ref);
   trace.snapshot_entries = entries.size();
   auto entry_path = [&](std::size_t k) { return trace_path + "[" + std::to_string(k) + "]"; };
+  auto overflow = [&](const std::string& path) {
+    fields.fail(path, "the byte counts add up to more than 64 bits hold");
+    return fail();
+  };
+  auto rounded = [](std::uint64_t size) {
+    return static_cast<std::int64_t>(pytorch_rounded_size(size));
+  };
 
   // Every entry is a dict with an action; which free to replay depends on
   // whether the history has completed frees at all (Note [Snapshot to trace]).
@@ -167,7 +189,7 @@ AllocationTraceResult allocation_trace_from_snapshot(const PickleDocument& snaps
   // figure from a snapshot]).
   std::int64_t reserved_change = 0, max_reserved_change = 0, min_reserved_change = 0;
   std::int64_t allocated_change = 0, max_allocated_change = 0;
-  std::uint64_t allocated_before_trace = 0;
+  std::int64_t allocated_before_trace = 0;
   for (std::size_t k = 0; k < entries.size(); ++k) {
     const PickleRef entry = entries[k];
     const std::string_view action = actions[k];
@@ -193,20 +215,22 @@ AllocationTraceResult allocation_trace_from_snapshot(const PickleDocument& snaps
         }
         event.kind = AllocationEvent::Kind::alloc;
         live.emplace(event.address, LiveBlock{event.size, k});
-        allocated_change += static_cast<std::int64_t>(pytorch_rounded_size(event.size));
+        if (!add_checked(&allocated_change, rounded(event.size))) return overflow(entry_path(k));
         max_allocated_change = std::max(max_allocated_change, allocated_change);
       } else {
         event.kind = AllocationEvent::Kind::free;
         if (it != live.end()) {
-          allocated_change -= static_cast<std::int64_t>(pytorch_rounded_size(it->second.size));
+          if (!subtract_checked(&allocated_change, rounded(it->second.size)))
+            return overflow(entry_path(k));
           live.erase(it);
         } else if (!seen.contains(event.address)) {
           // Allocated before the history began.
           AllocationEvent alloc = event;
           alloc.kind = AllocationEvent::Kind::alloc;
           freed_before_trace.push_back(alloc);
-          allocated_before_trace += pytorch_rounded_size(event.size);
-          allocated_change -= static_cast<std::int64_t>(pytorch_rounded_size(event.size));
+          if (!add_checked(&allocated_before_trace, rounded(event.size)) ||
+              !subtract_checked(&allocated_change, rounded(event.size)))
+            return overflow(entry_path(k));
         } else {
           fields.fail(entry_path(k), std::string(free_action) + " of address " +
                                          hex(event.address) +
@@ -221,7 +245,8 @@ AllocationTraceResult allocation_trace_from_snapshot(const PickleDocument& snaps
       std::uint64_t size;
       if (!fields.unsigned_integer(entry, "size", entry_path(k), &size)) return fail();
       const bool grows = action == "segment_alloc" || action == "segment_map";
-      reserved_change += grows ? static_cast<std::int64_t>(size) : -static_cast<std::int64_t>(size);
+      const auto delta = static_cast<std::int64_t>(size);
+      if (!add_checked(&reserved_change, grows ? delta : -delta)) return overflow(entry_path(k));
       max_reserved_change = std::max(max_reserved_change, reserved_change);
       min_reserved_change = std::min(min_reserved_change, reserved_change);
     } else if (action == "oom") {
@@ -234,7 +259,7 @@ AllocationTraceResult allocation_trace_from_snapshot(const PickleDocument& snaps
   // The segments: reserved bytes at the end, and blocks live since before
   // the trace.
   const std::vector<PickleRef>& segments = snapshot.items(segments_ref);
-  std::uint64_t reserved_at_end = 0;
+  std::int64_t reserved_at_end = 0;
   std::vector<AllocationEvent> live_before_trace;
   const std::uint64_t first_time_ns = body.empty() ? 0 : body.front().time_ns;
   for (std::size_t s = 0; s < segments.size(); ++s) {
@@ -252,7 +277,8 @@ AllocationTraceResult allocation_trace_from_snapshot(const PickleDocument& snaps
         !fields.field(segment, "blocks", path, &blocks_ref) ||
         !fields.expect(blocks_ref, Kind::list, path + "['blocks']"))
       return fail();
-    reserved_at_end += total_size;
+    if (!add_checked(&reserved_at_end, static_cast<std::int64_t>(total_size)))
+      return overflow(path);
     const std::vector<PickleRef>& blocks = snapshot.items(blocks_ref);
     for (std::size_t b = 0; b < blocks.size(); ++b) {
       const std::string block_path = path + "['blocks'][" + std::to_string(b) + "]";
@@ -274,24 +300,27 @@ AllocationTraceResult allocation_trace_from_snapshot(const PickleDocument& snaps
       event.stream = static_cast<std::uint64_t>(stream);
       event.time_ns = first_time_ns;
       event.location = entries.size() + live_before_trace.size();
-      allocated_before_trace += pytorch_rounded_size(event.size);
+      if (!add_checked(&allocated_before_trace, rounded(event.size))) return overflow(block_path);
       live_before_trace.push_back(event);
     }
   }
 
-  const std::int64_t reserved_at_start =
-      static_cast<std::int64_t>(reserved_at_end) - reserved_change;
-  if (reserved_at_start + min_reserved_change < 0) {
-    fields.fail(trace_path, "its segment entries return " +
-                                std::to_string(-(reserved_at_start + min_reserved_change)) +
+  std::int64_t reserved_at_start = reserved_at_end;
+  bool fits = subtract_checked(&reserved_at_start, reserved_change);
+  std::int64_t lowest = reserved_at_start, peak_reserved = reserved_at_start;
+  std::int64_t peak_allocated = allocated_before_trace;
+  fits = fits && add_checked(&lowest, min_reserved_change) &&
+         add_checked(&peak_reserved, max_reserved_change) &&
+         add_checked(&peak_allocated, max_allocated_change);
+  if (!fits) return overflow(trace_path);
+  if (lowest < 0) {
+    fields.fail(trace_path, "its segment entries return " + std::to_string(-lowest) +
                                 " bytes more than the segments held (the segments hold " +
                                 std::to_string(reserved_at_end) + " bytes at the end)");
     return fail();
   }
-  trace.recorded_peak_reserved_bytes =
-      static_cast<std::uint64_t>(reserved_at_start + max_reserved_change);
-  trace.recorded_peak_allocated_bytes =
-      allocated_before_trace + static_cast<std::uint64_t>(max_allocated_change);
+  trace.recorded_peak_reserved_bytes = static_cast<std::uint64_t>(peak_reserved);
+  trace.recorded_peak_allocated_bytes = static_cast<std::uint64_t>(peak_allocated);
 
   for (AllocationEvent& event : freed_before_trace) event.time_ns = first_time_ns;
   trace.blocks_live_before_trace = freed_before_trace.size() + live_before_trace.size();
