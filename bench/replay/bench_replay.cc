@@ -1,12 +1,21 @@
 // bench_replay: replays each shipped GPT-2 allocation trace (tests/data/
-// gpt2_*.csv, see docs/traces.md) through the caching allocator on the
-// simulated device, with the default chunk size and no budget, and prints
+// gpt2_*.csv, see docs/traces.md) and the PyTorch memory snapshots that
+// tools/tracegen/make_snapshots.py wrote into the build folder through the
+// caching allocator on the simulated device, with the default chunk size and
+// no budget, and prints
 //
 //   metric replay_fragmentation_<trace> <peak reserved / peak allocated> ratio
 //
+// and for a snapshot, against PyTorch's own figure from its segment entries
+// (Note [The native figure from a snapshot]),
+//
+//   metric native_fragmentation_<trace> <PyTorch's peak reserved / peak allocated> ratio
+//   metric replay_vs_native_<trace> <spillway's figure / PyTorch's> ratio
+//
 // plus the replay time in Google Benchmark's table. The goal is <= 1.10.
 //
-//   bench_replay [TRACE.csv ...]   (default: every tests/data/gpt2_*.csv)
+//   bench_replay [TRACE ...]   (default: every tests/data/gpt2_*.csv and the
+//                               generated snapshots)
 #include <algorithm>
 #include <filesystem>
 #include <string>
@@ -26,6 +35,12 @@ std::vector<std::filesystem::path> shipped_traces() {
     if (name.starts_with("gpt2_") && name.ends_with(".csv")) traces.push_back(entry.path());
   }
   std::sort(traces.begin(), traces.end());
+#ifdef SPILLWAY_SNAPSHOT_DIR
+  // The snapshots that stand for a run (the others are broken on purpose,
+  // or the same history differently pickled).
+  for (const char* name : {"transformer_train.pickle", "mid_run.pickle"})
+    traces.push_back(std::filesystem::path(SPILLWAY_SNAPSHOT_DIR) / name);
+#endif
   return traces;
 }
 
@@ -55,6 +70,12 @@ void register_replay(const std::filesystem::path& path) {
                                        "ratio");
         spillway::bench::report_metric("replay_peak_reserved_bytes_" + name,
                                        static_cast<double>(result.peak_reserved_bytes()), "bytes");
+        const double native = loaded.trace.recorded_fragmentation();
+        if (loaded.trace.format == spillway::AllocationTrace::Format::snapshot && native > 0) {
+          spillway::bench::report_metric("native_fragmentation_" + name, native, "ratio");
+          spillway::bench::report_metric("replay_vs_native_" + name,
+                                         result.fragmentation() / native, "ratio");
+        }
       })
       ->Unit(benchmark::kMillisecond)
       ->Iterations(1);

@@ -1,5 +1,6 @@
-// AllocationTrace loading: binary trace files through tracer/trace_file, CSV
-// parsed here, both with errors that point at the line or byte.
+// AllocationTrace loading: binary trace files through tracer/trace_file,
+// PyTorch memory snapshots through memory_snapshot, CSV parsed here, all with
+// errors that point at the line, byte or trace entry.
 #include "tools/replay/allocation_trace.h"
 
 #include <algorithm>
@@ -11,6 +12,9 @@
 #include <fstream>
 #include <optional>
 #include <sstream>
+
+#include "tools/replay/memory_snapshot.h"
+#include "tools/replay/pickle_reader.h"
 
 namespace spillway {
 
@@ -64,8 +68,25 @@ constexpr std::array<std::string_view, kColumnCount> kColumnNames = {"action", "
 }  // namespace
 
 std::string AllocationTrace::where(const AllocationEvent& event) const {
-  return format == Format::csv ? "line " + std::to_string(event.location)
-                               : "byte offset " + std::to_string(event.location);
+  switch (format) {
+    case Format::csv:
+      return "line " + std::to_string(event.location);
+    case Format::binary:
+      return "byte offset " + std::to_string(event.location);
+    case Format::snapshot:
+      if (event.location < snapshot_entries)
+        return "device_traces[" + std::to_string(snapshot_device) + "][" +
+               std::to_string(event.location) + "]";
+      return "live block " + std::to_string(event.location - snapshot_entries) +
+             " of the snapshot's segments";
+  }
+  return {};
+}
+
+double AllocationTrace::recorded_fragmentation() const {
+  if (recorded_peak_allocated_bytes == 0) return 0;
+  return static_cast<double>(recorded_peak_reserved_bytes) /
+         static_cast<double>(recorded_peak_allocated_bytes);
 }
 
 AllocationTraceResult parse_allocation_csv(std::string_view text, const std::string& name) {
@@ -186,7 +207,8 @@ AllocationTrace allocation_trace_from(const TraceFileContents& contents) {
   return trace;
 }
 
-AllocationTraceResult load_allocation_trace(const std::string& path) {
+AllocationTraceResult load_allocation_trace(const std::string& path,
+                                            const TraceLoadOptions& options) {
   AllocationTraceResult result;
   std::ifstream in(path, std::ios::binary);
   if (!in) {
@@ -206,10 +228,19 @@ AllocationTraceResult load_allocation_trace(const std::string& path) {
     result.trace = allocation_trace_from(*read.trace);
     return result;
   }
+  if (looks_like_pickle(bytes)) {
+    const PickleReadResult read = read_pickle(bytes);
+    if (!read.ok()) {
+      result.error = path + ": " + read.error;
+      return result;
+    }
+    return allocation_trace_from_snapshot(read.document, options.snapshot_device, path);
+  }
   // Not a binary trace: CSV must be text.
   if (bytes.find('\0') != std::string::npos) {
     result.error = path + ": byte offset " + std::to_string(bytes.find('\0')) +
-                   ": not a spillway trace (no \"SPWTRACE\" magic) nor a CSV text file";
+                   ": not a spillway trace (no \"SPWTRACE\" magic), a PyTorch memory snapshot (a "
+                   "pickle) nor a CSV text file";
     return result;
   }
   return parse_allocation_csv(bytes, path);

@@ -1,5 +1,6 @@
 // AllocationTrace: the alloc/free sequence spillway-replay replays, loaded
-// from a binary trace file (docs/trace-format.md) or a CSV file.
+// from a binary trace file (docs/trace-format.md), a PyTorch memory snapshot
+// (memory_snapshot.h) or a CSV file.
 //
 // CSV form, one event per line:
 //
@@ -36,17 +37,29 @@ struct AllocationEvent {
 };
 
 struct AllocationTrace {
-  enum class Format { binary, csv };
+  enum class Format { binary, csv, snapshot };
   Format format = Format::csv;
   std::vector<AllocationEvent> events;
   TraceMetadata metadata;  // binary traces only
-  // From a binary trace's segment and oom events: what the recording
-  // allocator reserved at its peak and how often it ran out.
+  // From a binary trace's or a snapshot's segment and oom events: what the
+  // recording allocator reserved at its peak and how often it ran out.
   std::uint64_t recorded_peak_reserved_bytes = 0;
   std::uint64_t recorded_ooms = 0;
+  // Snapshots only: the recording allocator's peak allocated bytes (requests
+  // rounded as PyTorch rounds them, Note [The native figure from a
+  // snapshot]), the device read, its number of trace entries, and how many
+  // blocks were live before the trace began (the first events).
+  std::uint64_t recorded_peak_allocated_bytes = 0;
+  int snapshot_device = 0;
+  std::uint64_t snapshot_entries = 0;
+  std::uint64_t blocks_live_before_trace = 0;
 
-  // "line 12" or "byte offset 4096", for messages about one event.
+  // "line 12", "byte offset 4096", or for a snapshot "device_traces[0][7]"
+  // (a trace entry) or "live block 3 of the snapshot's segments", for
+  // messages about one event.
   std::string where(const AllocationEvent& event) const;
+  // The recording allocator's peak reserved / peak allocated; 0 when not known.
+  double recorded_fragmentation() const;
 };
 
 struct AllocationTraceResult {
@@ -55,9 +68,15 @@ struct AllocationTraceResult {
   bool ok() const { return error.empty(); }
 };
 
+struct TraceLoadOptions {
+  int snapshot_device = 0;  // which device of a PyTorch memory snapshot
+};
+
 // Reads `path`, choosing the format by content (a binary trace starts with
-// "SPWTRACE").
-AllocationTraceResult load_allocation_trace(const std::string& path);
+// "SPWTRACE", a snapshot with pickle's PROTO opcode 0x80; anything else is
+// read as CSV).
+AllocationTraceResult load_allocation_trace(const std::string& path,
+                                            const TraceLoadOptions& options = {});
 
 // Parses CSV text; errors are prefixed with `name`.
 AllocationTraceResult parse_allocation_csv(std::string_view text, const std::string& name);

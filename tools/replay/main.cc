@@ -1,12 +1,16 @@
-// spillway-replay: replays an allocation trace (binary trace file or CSV) on
-// the simulated device through spillway's caching allocator, and prints peak
-// allocated, peak reserved, their ratio (fragmentation), device mallocs and
-// out-of-memories, as text and as `metric NAME VALUE UNIT` lines.
+// spillway-replay: replays an allocation trace (binary trace file, PyTorch
+// memory snapshot or CSV) on the simulated device through spillway's caching
+// allocator, and prints peak allocated, peak reserved, their ratio
+// (fragmentation), device mallocs and out-of-memories, as text and as
+// `metric NAME VALUE UNIT` lines; for a snapshot, beside the recording
+// allocator's own figure (Note [The native figure from a snapshot]).
 //
 //   spillway-replay tests/data/gpt2_small_amp.csv --chunk-size 64MB
+//   spillway-replay run.pickle --device 1
 //
 // Exit status: 0 replayed; 1 the trace could not be read or is inconsistent
-// (the message names the line or byte offset); CLI11's codes for bad flags.
+// (the message names the line, byte offset or snapshot entry); CLI11's codes for bad
+// flags.
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
@@ -41,11 +45,16 @@ int main(int argc, char** argv) {
   std::string trace_path;
   std::string budget_text = "0";
   std::string chunk_text = "64MB";  // shown as the default: Config{}.chunk_size
+  spillway::TraceLoadOptions load_options;
   spillway::ReplayOptions options;
   options.chunk_size = spillway::Config{}.chunk_size;
   app.add_option("TRACE", trace_path,
-                 "trace to replay: a spillway trace file or a CSV (action,ptr,size,stream,time_ns)")
+                 "trace to replay: a spillway trace file, a PyTorch memory snapshot "
+                 "(torch.cuda.memory._dump_snapshot) or a CSV (action,ptr,size,stream,time_ns)")
       ->required();
+  app.add_option("--device", load_options.snapshot_device, "which device of a snapshot to replay")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--budget", budget_text, "device budget; 0 = unlimited")
       ->check(CLI::Validator(size_validator(&options.budget_bytes), "SIZE"))
       ->capture_default_str();
@@ -58,7 +67,8 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  const spillway::AllocationTraceResult loaded = spillway::load_allocation_trace(trace_path);
+  const spillway::AllocationTraceResult loaded =
+      spillway::load_allocation_trace(trace_path, load_options);
   if (!loaded.ok()) {
     std::fprintf(stderr, "spillway-replay: %s\n", loaded.error.c_str());
     return 1;
@@ -71,9 +81,18 @@ int main(int argc, char** argv) {
   }
 
   using spillway::format_bytes;
-  const bool binary = loaded.trace.format == spillway::AllocationTrace::Format::binary;
+  using Format = spillway::AllocationTrace::Format;
+  const spillway::AllocationTrace& trace = loaded.trace;
+  const bool binary = trace.format == Format::binary;
+  const bool snapshot = trace.format == Format::snapshot;
   fmt::print("trace: {} ({}, {} allocs, {} frees)\n", trace_path,
-             binary ? "spillway trace file" : "csv", result.allocs, result.frees);
+             binary     ? "spillway trace file"
+             : snapshot ? fmt::format("PyTorch memory snapshot, device {}", trace.snapshot_device)
+                        : "csv",
+             result.allocs, result.frees);
+  if (snapshot)
+    fmt::print("snapshot: {} trace entries, {} blocks live before the trace began\n",
+               trace.snapshot_entries, trace.blocks_live_before_trace);
   fmt::print(
       "budget: {}, chunk size: {}\n",
       options.budget_bytes == 0 ? std::string("unlimited") : format_bytes(options.budget_bytes),
@@ -98,15 +117,31 @@ int main(int argc, char** argv) {
   if (result.unmatched_frees != 0)
     fmt::print("note: {} frees of addresses the trace never allocated were skipped\n",
                result.unmatched_frees);
-  if (binary && loaded.trace.recorded_peak_reserved_bytes != 0)
+  if (binary && trace.recorded_peak_reserved_bytes != 0)
     fmt::print("as recorded: peak reserved {} ({} bytes), {} out-of-memories\n",
-               format_bytes(loaded.trace.recorded_peak_reserved_bytes),
-               loaded.trace.recorded_peak_reserved_bytes, loaded.trace.recorded_ooms);
+               format_bytes(trace.recorded_peak_reserved_bytes), trace.recorded_peak_reserved_bytes,
+               trace.recorded_ooms);
+  if (snapshot) {
+    fmt::print(
+        "PyTorch's allocator, as recorded: peak allocated {} ({} bytes), peak reserved {} "
+        "({} bytes), {} out-of-memories\n",
+        format_bytes(trace.recorded_peak_allocated_bytes), trace.recorded_peak_allocated_bytes,
+        format_bytes(trace.recorded_peak_reserved_bytes), trace.recorded_peak_reserved_bytes,
+        trace.recorded_ooms);
+    fmt::print("PyTorch's fragmentation (peak reserved / peak allocated): {:.4f}\n",
+               trace.recorded_fragmentation());
+  }
 
   fmt::print("metric replay_peak_allocated_bytes {} bytes\n", result.peak_allocated_bytes());
   fmt::print("metric replay_peak_reserved_bytes {} bytes\n", result.peak_reserved_bytes());
   fmt::print("metric replay_fragmentation {:.4f} ratio\n", result.fragmentation());
   fmt::print("metric replay_device_mallocs {} count\n", result.stats.num_device_alloc);
   fmt::print("metric replay_ooms {} count\n", result.stats.num_ooms);
+  if (snapshot && trace.recorded_fragmentation() > 0 && result.fragmentation() > 0) {
+    fmt::print("metric native_fragmentation {:.4f} ratio\n", trace.recorded_fragmentation());
+    fmt::print("metric native_peak_reserved_bytes {} bytes\n", trace.recorded_peak_reserved_bytes);
+    fmt::print("metric replay_vs_native {:.4f} ratio\n",
+               result.fragmentation() / trace.recorded_fragmentation());
+  }
   return 0;
 }
