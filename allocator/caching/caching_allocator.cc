@@ -23,7 +23,48 @@
 // large_slab_bytes (the configured chunk_size, so a chunk is exactly one
 // slab), and requests bigger than that get a segment of their own, rounded
 // up to 2 MiB. Oversize segments belong to the large pool too, so their
-// free space can serve other large requests, as in PyTorch.
+// free space can serve other large requests, as in PyTorch. That is the
+// layout with expandable_segments off; with it on (the default), Note [Size
+// classes] replaces the large-pool half.
+//
+// Note [Size classes]
+// With expandable_segments, large-pool requests fall in two classes, fitted
+// to how training allocates (measured on the shipped traces and a PyTorch
+// model, docs/benchmarks.md):
+//  - mid-size, over 1 MiB and under 10 MiB (activations, most gradients):
+//    from the stream's expandable segment, grown by whole pages as needed
+//    (Note [Expandable segments]); where the device has no virtual memory,
+//    from 20 MiB slabs, PyTorch's rule;
+//  - from 10 MiB up (attention scores, logits, big weights): a segment of
+//    its own, rounded up to 2 MiB, as in PyTorch, so a freed one serves the
+//    next block of its size exactly, and is returned whole. A request of
+//    exactly chunk_size gets exactly that: a chunk is still one slab.
+// Both classes share the large pool, so a free block of either serves any
+// large request (keeping mid-size blocks out of freed large segments measured
+// worse: their free space then sat idle). Putting every large request in the
+// expandable segment measured worse too: long-lived large blocks in the
+// middle of one address range leave holes that only smaller blocks can use.
+//
+// Note [Expandable segments]
+// A segment made with cudaMalloc keeps its size for life, so a free block at
+// its end serves only requests that fit in it. An expandable segment (after
+// PyTorch's expandable_segments) is an address range reserved once per
+// stream (ExpandableSegment, expandable_segment.h; the budget's size, at most
+// 1 TiB), with device pages mapped from its start (Device::map_pages, Note
+// [Virtual memory pages] in device.cc). When no free block fits, the segment
+// grows at its end by the pages the request lacks: a free tail block grows in
+// place (the request then splits it as usual), otherwise the new pages are a
+// new tail block. Reserved bytes are mapped bytes, so the budget, the stats
+// and segment_alloc/segment_free trace events (one per mapping, with its
+// range) count pages. Releasing cached memory (step 3 of the fallback chain,
+// empty_cache, a budget cut) unmaps the whole pages of a free tail; a segment
+// left with none gives back its address range. Blocks carry their segment
+// (Block::expandable) so a merge that absorbs the tail moves `tail`. Free
+// blocks inside the segment are not unmapped: they stay cached until freed
+// neighbours make them part of the tail (a known limit: under budget
+// pressure that memory serves only this stream). A mapping the device
+// refuses falls back to a slab, so a device without virtual memory, or with
+// its address range used up, keeps working.
 //
 // Note [Split and coalesce]
 // A free block larger than the request is split; the rest stays cached as
@@ -106,6 +147,7 @@
 #include <atomic>
 #include <deque>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -116,6 +158,7 @@
 #include "allocator/caching/block_address_map.h"
 #include "allocator/caching/block_pool.h"
 #include "allocator/caching/deferred_frees.h"
+#include "allocator/caching/expandable_segment.h"
 #include "allocator/caching/out_of_memory_report.h"
 #include "allocator/config/format_bytes.h"
 #include "allocator/config/invariant.h"
@@ -127,6 +170,12 @@ thread_local std::string t_last_error;
 
 // Requests above this cannot be rounded without overflow; no device has it.
 constexpr std::size_t kMaxRequestBytes = std::numeric_limits<std::size_t>::max() / 2;
+
+// An expandable segment's address range: the budget, capped where the budget
+// is "unlimited" (address space is plentiful, not endless: 128 TiB a process).
+constexpr std::size_t kMidRequestMaxBytes = std::size_t{10} << 20;
+constexpr std::size_t kMidSlabBytes = std::size_t{20} << 20;
+constexpr std::size_t kMaxAddressRangeBytes = std::size_t{1} << 40;  // 1 TiB
 
 std::size_t round_up(std::size_t value, std::size_t multiple) {
   return (value + multiple - 1) / multiple * multiple;
@@ -143,6 +192,7 @@ struct Request {
   BlockPool* pool = nullptr;
   std::size_t segment_bytes = 0;      // a new segment: a slab, or an oversize segment
   std::size_t min_segment_bytes = 0;  // the smallest that fits (Note [Segments near the budget])
+  bool mid = false;                   // a mid-size request (Note [Size classes])
 };
 
 // Why the latest attempt to reserve a segment failed, for the error.
@@ -172,6 +222,13 @@ struct CachingAllocator::Impl {
   // `past_budget`: Note [Segments past the budget].
   Block* reserve_segment_locked(const Request& request, ReserveFailure* failure,
                                 bool past_budget = false);
+  // Note [Expandable segments]: maps pages after the stream's segment's
+  // tail; null when the budget or the device has no room, or the segment's
+  // address range is full.
+  Block* grow_segment_locked(const Request& request, std::size_t left, ReserveFailure* failure);
+  ExpandableSegment* expandable_segment_locked(Stream stream, std::size_t bytes);
+  void shrink_segments_locked();
+  void release_address_range_locked(ExpandableSegment* segment);
   void* hand_out_locked(Block* block, const Request& request);
   void release_allocated_locked(Block* block);
   void return_to_pool_locked(Block* block);
@@ -203,6 +260,8 @@ struct CachingAllocator::Impl {
   Device& device;
   TraceSink* const trace;
   const std::size_t large_slab_bytes;
+  const bool size_classes;       // expandable_segments: Note [Size classes]
+  const std::size_t page_bytes;  // 0: slabs only (Note [Expandable segments])
   std::atomic<std::size_t> budget_bytes;
 
   mutable std::mutex mutex;
@@ -211,7 +270,9 @@ struct CachingAllocator::Impl {
   BlockAddressMap allocated_blocks;
   DeferredFrees deferred_frees;
   std::unordered_map<std::uintptr_t, std::size_t> segments;  // base address -> bytes
-  std::deque<Block> block_storage;                           // stable addresses
+  // Stream -> its expandable segment, while it has pages mapped.
+  std::unordered_map<std::uintptr_t, std::unique_ptr<ExpandableSegment>> expandable_segments;
+  std::deque<Block> block_storage;  // stable addresses
   std::vector<Block*> spare_blocks;
   std::vector<PressureHandler*> pressure_handlers;
   Stats stats;
@@ -222,6 +283,8 @@ CachingAllocator::Impl::Impl(Device& device_to_use, CachingAllocatorOptions opti
     : device(device_to_use),
       trace(trace_sink),
       large_slab_bytes(round_up(options.large_slab_bytes, kRoundBytes)),
+      size_classes(options.expandable_segments),
+      page_bytes(options.expandable_segments ? device_to_use.page_bytes() : 0),
       budget_bytes(options.budget_bytes),
       deferred_frees(device_to_use) {}
 
@@ -230,6 +293,11 @@ CachingAllocator::Impl::~Impl() {
   // after that work is done.
   for (Event event : deferred_frees.pending_events()) device.synchronize_event(event);
   for (const auto& [base, bytes] : segments) device.free(reinterpret_cast<void*>(base));
+  for (const auto& [stream, segment] : expandable_segments) {
+    if (segment->mapped_bytes > 0)
+      device.unmap_pages(reinterpret_cast<void*>(segment->base), segment->mapped_bytes);
+    device.release_address_range(reinterpret_cast<void*>(segment->base), segment->reserved_bytes);
+  }
 }
 
 bool CachingAllocator::Impl::make_request(std::size_t bytes, Stream stream, Request* request) {
@@ -242,13 +310,22 @@ bool CachingAllocator::Impl::make_request(std::size_t bytes, Stream stream, Requ
   if (size <= kSmallRequestMaxBytes) {
     request->pool = &small_pool;
     request->segment_bytes = request->min_segment_bytes = kSmallSlabBytes;
-  } else if (size <= large_slab_bytes) {
+  } else if (!size_classes && size <= large_slab_bytes) {
     request->pool = &large_pool;
     request->segment_bytes = large_slab_bytes;
     request->min_segment_bytes = std::min(round_up(size, kOversizeRoundBytes), large_slab_bytes);
-  } else {
+  } else if (!size_classes) {
     request->pool = &large_pool;
     request->segment_bytes = request->min_segment_bytes = round_up(size, kOversizeRoundBytes);
+  } else if (size < kMidRequestMaxBytes) {  // Note [Size classes]
+    request->pool = &large_pool;
+    request->mid = true;
+    request->segment_bytes = kMidSlabBytes;
+    request->min_segment_bytes = round_up(size, kOversizeRoundBytes);
+  } else {
+    request->pool = &large_pool;
+    request->segment_bytes = request->min_segment_bytes =
+        size == large_slab_bytes ? size : round_up(size, kOversizeRoundBytes);
   }
   return true;
 }
@@ -360,6 +437,12 @@ Block* CachingAllocator::Impl::reserve_segment_locked(const Request& request,
                                          : budget_bytes.load(std::memory_order_relaxed);
   const std::size_t reserved = reserved_bytes_locked();
   const std::size_t left = budget > reserved ? budget - reserved : 0;
+  if (page_bytes != 0 && request.mid) {
+    if (Block* block = grow_segment_locked(request, left, failure)) return block;
+    // Over budget a slab would be too; otherwise (the address range is full,
+    // the device refused pages) a slab may still fit.
+    if (failure->over_budget) return nullptr;
+  }
   void* base = nullptr;
   std::size_t bytes = 0;
   for (const std::size_t candidate : {request.segment_bytes, request.min_segment_bytes}) {
@@ -393,6 +476,109 @@ Block* CachingAllocator::Impl::reserve_segment_locked(const Request& request,
   return block;
 }
 
+// Note [Expandable segments]
+Block* CachingAllocator::Impl::grow_segment_locked(const Request& request, std::size_t left,
+                                                   ReserveFailure* failure) {
+  ExpandableSegment* segment = expandable_segment_locked(
+      request.stream,
+      std::min(budget_bytes.load(std::memory_order_relaxed), kMaxAddressRangeBytes));
+  if (segment == nullptr) return nullptr;
+  Block* tail = segment->tail;
+  const bool tail_is_free = tail != nullptr && tail->state == BlockState::free;
+  const std::size_t reused = tail_is_free ? tail->size : 0;  // the free tail grows
+  const std::size_t bytes = round_up(request.size - reused, page_bytes);
+  if (bytes > left) {
+    *failure = ReserveFailure{.over_budget = true, .device_status = Status::ok, .device_error = {}};
+    if (segment->mapped_bytes == 0) release_address_range_locked(segment);
+    return nullptr;
+  }
+  const std::uintptr_t address = segment->mapped_end();
+  const Status status = bytes > segment->reserved_bytes - segment->mapped_bytes
+                            ? Status::out_of_memory
+                            : device.map_pages(reinterpret_cast<void*>(address), bytes);
+  if (status != Status::ok) {
+    *failure = ReserveFailure{
+        .over_budget = false, .device_status = status, .device_error = device.last_error()};
+    if (segment->mapped_bytes == 0) release_address_range_locked(segment);
+    return nullptr;
+  }
+  segment->mapped_bytes += bytes;
+  stats.reserved_bytes.increase(static_cast<std::int64_t>(bytes));
+  ++stats.num_device_alloc;
+  trace_locked(TraceEventKind::segment_alloc, request.stream, address, bytes);
+  if (tail_is_free) {
+    tail->pool->update_range(tail, tail->address, tail->size + bytes);
+    return tail;
+  }
+  Block* block = new_block_locked();
+  block->address = address;
+  block->size = bytes;
+  block->stream = request.stream;
+  block->pool = request.pool;
+  block->expandable = segment;
+  block->prev = tail;
+  if (tail != nullptr) tail->next = block;
+  segment->tail = block;
+  request.pool->insert(block);
+  return block;
+}
+
+// The stream's segment, with an address range reserved for it if it has
+// none; null where the device refuses one.
+ExpandableSegment* CachingAllocator::Impl::expandable_segment_locked(Stream stream,
+                                                                     std::size_t bytes) {
+  auto [it, inserted] = expandable_segments.try_emplace(stream_id(stream));
+  if (!inserted) return it->second.get();
+  auto segment = std::make_unique<ExpandableSegment>();
+  segment->reserved_bytes = round_up(bytes, page_bytes);
+  segment->stream = stream;
+  void* base = nullptr;
+  if (device.reserve_address_range(&base, segment->reserved_bytes) != Status::ok) {
+    expandable_segments.erase(it);
+    return nullptr;
+  }
+  segment->base = reinterpret_cast<std::uintptr_t>(base);
+  stats.segment.increase(1);
+  it->second = std::move(segment);
+  return it->second.get();
+}
+
+void CachingAllocator::Impl::release_address_range_locked(ExpandableSegment* segment) {
+  device.release_address_range(reinterpret_cast<void*>(segment->base), segment->reserved_bytes);
+  stats.segment.decrease(1);
+  expandable_segments.erase(stream_id(segment->stream));
+}
+
+// Unmaps the whole pages of every free tail; a segment left with no pages
+// gives back its address range too.
+void CachingAllocator::Impl::shrink_segments_locked() {
+  std::vector<ExpandableSegment*> emptied;
+  for (const auto& [stream, segment] : expandable_segments) {
+    Block* tail = segment->tail;
+    if (tail == nullptr || tail->state != BlockState::free) continue;
+    const std::uintptr_t first_page =
+        segment->base + round_up(tail->address - segment->base, page_bytes);
+    const std::uintptr_t end = segment->mapped_end();
+    if (first_page >= end) continue;
+    const std::size_t bytes = end - first_page;
+    if (device.unmap_pages(reinterpret_cast<void*>(first_page), bytes) != Status::ok) continue;
+    segment->mapped_bytes -= bytes;
+    stats.reserved_bytes.decrease(static_cast<std::int64_t>(bytes));
+    ++stats.num_device_free;
+    trace_locked(TraceEventKind::segment_free, segment->stream, first_page, bytes);
+    if (first_page > tail->address) {
+      tail->pool->update_range(tail, tail->address, first_page - tail->address);
+      continue;
+    }
+    tail->pool->remove(tail);
+    segment->tail = tail->prev;
+    if (tail->prev != nullptr) tail->prev->next = nullptr;
+    recycle_block_locked(tail);
+    if (segment->mapped_bytes == 0) emptied.push_back(segment.get());
+  }
+  for (ExpandableSegment* segment : emptied) release_address_range_locked(segment);
+}
+
 // Hands the request out of `free_block`, a free block in its pool. A split
 // hands out a new block cut from its front, and the free block, shrunk,
 // stays in the pool (Note [Split and coalesce]).
@@ -404,6 +590,7 @@ void* CachingAllocator::Impl::hand_out_locked(Block* free_block, const Request& 
     block->size = request.size;
     block->stream = free_block->stream;
     block->pool = free_block->pool;
+    block->expandable = free_block->expandable;
     block->prev = free_block->prev;
     block->next = free_block;
     if (block->prev != nullptr) block->prev->next = block;
@@ -483,6 +670,10 @@ void CachingAllocator::Impl::return_to_pool_locked(Block* block) {
   if (keeper->prev != nullptr) keeper->prev->next = keeper;
   if (keeper->next != nullptr) keeper->next->prev = keeper;
   pool->update_range(keeper, address, size);
+  if (ExpandableSegment* segment = block->expandable;
+      segment != nullptr && (segment->tail == block || segment->tail == next)) {
+    segment->tail = keeper;
+  }
   recycle_block_locked(block);
   if (prev != nullptr && next != nullptr) recycle_block_locked(next);
   SPILLWAY_INVARIANT(!is_free(keeper->prev) && !is_free(keeper->next),
@@ -523,6 +714,7 @@ void CachingAllocator::Impl::release_free_segments_locked() {
       recycle_block_locked(block);
     }
   }
+  if (page_bytes != 0) shrink_segments_locked();
 }
 
 Status CachingAllocator::Impl::record_stream(void* ptr, Stream stream) {
@@ -616,6 +808,7 @@ Block* CachingAllocator::Impl::new_block_locked() {
 
 void CachingAllocator::Impl::recycle_block_locked(Block* block) {
   block->prev = block->next = nullptr;
+  block->expandable = nullptr;
   block->state = BlockState::free;
   block->pending_events = 0;
   block->used_on_streams.clear();
