@@ -37,8 +37,11 @@
 //    from 20 MiB slabs, PyTorch's rule;
 //  - from 10 MiB up (attention scores, logits, big weights): a segment of
 //    its own, rounded up to 2 MiB, as in PyTorch, so a freed one serves the
-//    next block of its size exactly, and is returned whole. A request of
-//    exactly chunk_size gets exactly that: a chunk is still one slab.
+//    next block of its size exactly, and is returned whole.
+// A request of exactly chunk_size, whatever its class, gets a segment of
+// exactly that size: a chunk is still one slab, so an evicted chunk gives
+// its memory back whole (in an expandable segment it could sit inside, out of
+// reach of other streams, Note [Expandable segments]).
 // Both classes share the large pool, so a free block of either serves any
 // large request (keeping mid-size blocks out of freed large segments measured
 // worse: their free space then sat idle). Putting every large request in the
@@ -147,6 +150,7 @@
 #include <atomic>
 #include <deque>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -192,7 +196,9 @@ struct Request {
   BlockPool* pool = nullptr;
   std::size_t segment_bytes = 0;      // a new segment: a slab, or an oversize segment
   std::size_t min_segment_bytes = 0;  // the smallest that fits (Note [Segments near the budget])
-  bool mid = false;                   // a mid-size request (Note [Size classes])
+  // Which expandable segment of the stream serves it (Note [Size classes]):
+  // 0: none; 1: the mid-size segment (the one class that has one today).
+  int expandable_class = 0;
 };
 
 // Why the latest attempt to reserve a segment failed, for the error.
@@ -226,13 +232,15 @@ struct CachingAllocator::Impl {
   // tail; null when the budget or the device has no room, or the segment's
   // address range is full.
   Block* grow_segment_locked(const Request& request, std::size_t left, ReserveFailure* failure);
-  ExpandableSegment* expandable_segment_locked(Stream stream, std::size_t bytes);
+  ExpandableSegment* expandable_segment_locked(Stream stream, int size_class, std::size_t bytes);
   void shrink_segments_locked();
   void release_address_range_locked(ExpandableSegment* segment);
   void* hand_out_locked(Block* block, const Request& request);
   void release_allocated_locked(Block* block);
   void return_to_pool_locked(Block* block);
   void release_free_segments_locked();
+  // A free block that is a whole cudaMalloc'd segment goes back to the device.
+  void release_segment_locked(Block* block);
   // Cheap when nothing is deferred: called on every allocate and deallocate.
   void collect_completed_frees_if_any_locked() {
     if (!deferred_frees.empty()) collect_completed_frees_locked();
@@ -271,7 +279,7 @@ struct CachingAllocator::Impl {
   DeferredFrees deferred_frees;
   std::unordered_map<std::uintptr_t, std::size_t> segments;  // base address -> bytes
   // Stream -> its expandable segment, while it has pages mapped.
-  std::unordered_map<std::uintptr_t, std::unique_ptr<ExpandableSegment>> expandable_segments;
+  std::map<std::pair<std::uintptr_t, int>, std::unique_ptr<ExpandableSegment>> expandable_segments;
   std::deque<Block> block_storage;  // stable addresses
   std::vector<Block*> spare_blocks;
   std::vector<PressureHandler*> pressure_handlers;
@@ -317,15 +325,17 @@ bool CachingAllocator::Impl::make_request(std::size_t bytes, Stream stream, Requ
   } else if (!size_classes) {
     request->pool = &large_pool;
     request->segment_bytes = request->min_segment_bytes = round_up(size, kOversizeRoundBytes);
-  } else if (size < kMidRequestMaxBytes) {  // Note [Size classes]
+  } else if (size == large_slab_bytes) {  // a chunk: Note [Size classes]
     request->pool = &large_pool;
-    request->mid = true;
+    request->segment_bytes = request->min_segment_bytes = size;
+  } else if (size < kMidRequestMaxBytes) {
+    request->pool = &large_pool;
+    request->expandable_class = 1;
     request->segment_bytes = kMidSlabBytes;
     request->min_segment_bytes = round_up(size, kOversizeRoundBytes);
   } else {
     request->pool = &large_pool;
-    request->segment_bytes = request->min_segment_bytes =
-        size == large_slab_bytes ? size : round_up(size, kOversizeRoundBytes);
+    request->segment_bytes = request->min_segment_bytes = round_up(size, kOversizeRoundBytes);
   }
   return true;
 }
@@ -437,7 +447,7 @@ Block* CachingAllocator::Impl::reserve_segment_locked(const Request& request,
                                          : budget_bytes.load(std::memory_order_relaxed);
   const std::size_t reserved = reserved_bytes_locked();
   const std::size_t left = budget > reserved ? budget - reserved : 0;
-  if (page_bytes != 0 && request.mid) {
+  if (page_bytes != 0 && request.expandable_class != 0) {
     if (Block* block = grow_segment_locked(request, left, failure)) return block;
     // Over budget a slab would be too; otherwise (the address range is full,
     // the device refused pages) a slab may still fit.
@@ -480,7 +490,7 @@ Block* CachingAllocator::Impl::reserve_segment_locked(const Request& request,
 Block* CachingAllocator::Impl::grow_segment_locked(const Request& request, std::size_t left,
                                                    ReserveFailure* failure) {
   ExpandableSegment* segment = expandable_segment_locked(
-      request.stream,
+      request.stream, request.expandable_class,
       std::min(budget_bytes.load(std::memory_order_relaxed), kMaxAddressRangeBytes));
   if (segment == nullptr) return nullptr;
   Block* tail = segment->tail;
@@ -525,13 +535,14 @@ Block* CachingAllocator::Impl::grow_segment_locked(const Request& request, std::
 
 // The stream's segment, with an address range reserved for it if it has
 // none; null where the device refuses one.
-ExpandableSegment* CachingAllocator::Impl::expandable_segment_locked(Stream stream,
+ExpandableSegment* CachingAllocator::Impl::expandable_segment_locked(Stream stream, int size_class,
                                                                      std::size_t bytes) {
-  auto [it, inserted] = expandable_segments.try_emplace(stream_id(stream));
+  auto [it, inserted] = expandable_segments.try_emplace({stream_id(stream), size_class});
   if (!inserted) return it->second.get();
   auto segment = std::make_unique<ExpandableSegment>();
   segment->reserved_bytes = round_up(bytes, page_bytes);
   segment->stream = stream;
+  segment->size_class = size_class;
   void* base = nullptr;
   if (device.reserve_address_range(&base, segment->reserved_bytes) != Status::ok) {
     expandable_segments.erase(it);
@@ -546,7 +557,7 @@ ExpandableSegment* CachingAllocator::Impl::expandable_segment_locked(Stream stre
 void CachingAllocator::Impl::release_address_range_locked(ExpandableSegment* segment) {
   device.release_address_range(reinterpret_cast<void*>(segment->base), segment->reserved_bytes);
   stats.segment.decrease(1);
-  expandable_segments.erase(stream_id(segment->stream));
+  expandable_segments.erase({stream_id(segment->stream), segment->size_class});
 }
 
 // Unmaps the whole pages of every free tail; a segment left with no pages
@@ -703,18 +714,20 @@ bool CachingAllocator::Impl::wait_for_deferred_frees() {
 
 void CachingAllocator::Impl::release_free_segments_locked() {
   for (BlockPool* pool : {&small_pool, &large_pool}) {
-    for (Block* block : pool->whole_segments()) {
-      pool->remove(block);
-      device.free(block->pointer());
-      segments.erase(block->address);
-      stats.segment.decrease(1);
-      stats.reserved_bytes.decrease(static_cast<std::int64_t>(block->size));
-      ++stats.num_device_free;
-      trace_locked(TraceEventKind::segment_free, block->stream, block->address, block->size);
-      recycle_block_locked(block);
-    }
+    for (Block* block : pool->whole_segments()) release_segment_locked(block);
   }
   if (page_bytes != 0) shrink_segments_locked();
+}
+
+void CachingAllocator::Impl::release_segment_locked(Block* block) {
+  block->pool->remove(block);
+  device.free(block->pointer());
+  segments.erase(block->address);
+  stats.segment.decrease(1);
+  stats.reserved_bytes.decrease(static_cast<std::int64_t>(block->size));
+  ++stats.num_device_free;
+  trace_locked(TraceEventKind::segment_free, block->stream, block->address, block->size);
+  recycle_block_locked(block);
 }
 
 Status CachingAllocator::Impl::record_stream(void* ptr, Stream stream) {

@@ -24,6 +24,7 @@ struct ExpandableSegment {
   std::size_t mapped_bytes = 0;    // pages mapped, from base; what reserved_bytes counts
   Block* tail = nullptr;           // the block ending at base + mapped_bytes; null when none
   Stream stream;                   // whose blocks it holds (Note [Streams own blocks])
+  int size_class = 0;              // which of the stream's segments (Note [Size classes])
 
   std::uintptr_t mapped_end() const { return base + mapped_bytes; }
 };
