@@ -48,6 +48,21 @@
 // expandable segment measured worse too: long-lived large blocks in the
 // middle of one address range leave holes that only smaller blocks can use.
 //
+// Note [Outgrown segments]
+// When the shapes change (a longer sequence, a bigger batch), every large
+// buffer of the new shape misses the cache, and the free segments of the
+// old shape, a little too small, would stay reserved beside the new ones:
+// PyTorch's allocator reserves 1.18 times its peak allocation on the
+// long-context trace that way. So before a large request (10 MiB up) gets a
+// new segment, the stream's free whole segments between half its size and
+// its size go back to the device: they are this buffer's earlier shapes.
+// Not those of half the size or less (half rounded up to 2 MiB, as that
+// segment would be): there sit the buffers of another
+// dtype or role (an fp16 copy of an fp32 tensor is exactly half), which the
+// step will ask for again (releasing them measured worse on gpt2_medium,
+// docs/benchmarks.md). It costs a device free, and on CUDA a cudaFree waits
+// for the device, but only on a large miss, i.e. when shapes change.
+//
 // Note [Expandable segments]
 // A segment made with cudaMalloc keeps its size for life, so a free block at
 // its end serves only requests that fit in it. An expandable segment (after
@@ -239,6 +254,7 @@ struct CachingAllocator::Impl {
   void release_allocated_locked(Block* block);
   void return_to_pool_locked(Block* block);
   void release_free_segments_locked();
+  void release_outgrown_segments_locked(const Request& request);
   // A free block that is a whole cudaMalloc'd segment goes back to the device.
   void release_segment_locked(Block* block);
   // Cheap when nothing is deferred: called on every allocate and deallocate.
@@ -453,6 +469,8 @@ Block* CachingAllocator::Impl::reserve_segment_locked(const Request& request,
     // the device refused pages) a slab may still fit.
     if (failure->over_budget) return nullptr;
   }
+  if (size_classes && request.size >= kMidRequestMaxBytes)
+    release_outgrown_segments_locked(request);
   void* base = nullptr;
   std::size_t bytes = 0;
   for (const std::size_t candidate : {request.segment_bytes, request.min_segment_bytes}) {
@@ -717,6 +735,16 @@ void CachingAllocator::Impl::release_free_segments_locked() {
     for (Block* block : pool->whole_segments()) release_segment_locked(block);
   }
   if (page_bytes != 0) shrink_segments_locked();
+}
+
+// Note [Outgrown segments]
+void CachingAllocator::Impl::release_outgrown_segments_locked(const Request& request) {
+  for (Block* block : large_pool.whole_segments()) {
+    if (block->stream == request.stream && block->size < request.size &&
+        block->size > round_up(request.size / 2, kOversizeRoundBytes)) {
+      release_segment_locked(block);
+    }
+  }
 }
 
 void CachingAllocator::Impl::release_segment_locked(Block* block) {

@@ -119,6 +119,34 @@ TEST(ExpandableSegments, LargeBlocksGetSegmentsOfTheirOwnAndAChunkAWholeSlab) {
   EXPECT_EQ(reserved(allocator), 0);
 }
 
+// Note [Outgrown segments]: a large miss returns the stream's free segments
+// between half its size and its size, and keeps smaller ones and other
+// streams'.
+TEST(ExpandableSegments, ALargeMissReturnsTheSegmentsItOutgrew) {
+  SimDevice device(sim_options(1024 * MiB));
+  CachingAllocator allocator(device, expandable_options(512 * MiB));
+  Stream other;
+  ASSERT_EQ(device.create_stream(&other), Status::ok);
+  void* earlier_shape = allocate_ok(allocator, 12 * MiB);
+  void* half = allocate_ok(allocator, 10 * MiB);
+  void* other_stream = allocate_ok(allocator, 12 * MiB, other);
+  for (void* ptr : {earlier_shape, half, other_stream})
+    ASSERT_EQ(allocator.deallocate(ptr), Status::ok);
+  EXPECT_EQ(reserved(allocator), 34 * MiB);
+  const std::int64_t device_frees = allocator.stats().num_device_free;
+
+  void* larger = allocate_ok(allocator, 20 * MiB);
+  EXPECT_EQ(allocator.stats().num_device_free, device_frees + 1);
+  EXPECT_EQ(reserved(allocator), 34 * MiB - 12 * MiB + 20 * MiB)
+      << "the 12 MiB segment went back; the 10 MiB one and the other stream's stayed";
+  void* reused_half = allocate_ok(allocator, 10 * MiB);
+  EXPECT_EQ(reused_half, half);
+  for (void* ptr : {larger, reused_half}) EXPECT_EQ(allocator.deallocate(ptr), Status::ok);
+  allocator.empty_cache();
+  EXPECT_EQ(reserved(allocator), 0);
+  EXPECT_EQ(device.destroy_stream(other), Status::ok);
+}
+
 TEST(ExpandableSegments, TheBudgetHoldsAndOutOfMemoryIsClean) {
   SimDevice device(sim_options(1024 * MiB));
   CachingAllocator allocator(device, expandable_options(16 * MiB));
