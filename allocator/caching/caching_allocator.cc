@@ -11,7 +11,10 @@
 //    address-ordered list. BlockPool (block_pool.h): the free blocks of one
 //    pool, best fit per stream. BlockAddressMap (block_address_map.h): the
 //    blocks handed out, by address. DeferredFrees (deferred_frees.h): blocks
-//    freed but still in use on other streams.
+//    freed but still in use on other streams. ExpandableSegment
+//    (expandable_segment.h): a segment on reserved address space that grows
+//    and shrinks by device pages (Notes [Size classes], [Expandable
+//    segments]).
 //  - One mutex guards all of it. The hot path (a cached block out and back)
 //    is a rounding, two tree lookups and two hash probes under that mutex,
 //    with no heap allocation (Note [A short hot path]).
@@ -57,11 +60,11 @@
 // new segment, the stream's free whole segments between half its size and
 // its size go back to the device: they are this buffer's earlier shapes.
 // Not those of half the size or less (half rounded up to 2 MiB, as that
-// segment would be): there sit the buffers of another
-// dtype or role (an fp16 copy of an fp32 tensor is exactly half), which the
-// step will ask for again (releasing them measured worse on gpt2_medium,
-// docs/benchmarks.md). It costs a device free, and on CUDA a cudaFree waits
-// for the device, but only on a large miss, i.e. when shapes change.
+// segment would be): there sit the buffers of another dtype or role (an
+// fp16 copy of an fp32 tensor is exactly half), which the step will ask for
+// again (releasing them measured worse on gpt2_medium, docs/benchmarks.md).
+// It costs a device free, and on CUDA a cudaFree waits for the device, but
+// only on a large miss, i.e. when shapes change.
 //
 // Note [Expandable segments]
 // A segment made with cudaMalloc keeps its size for life, so a free block at
@@ -87,7 +90,8 @@
 // Note [Split and coalesce]
 // A free block larger than the request is split; the rest stays cached as
 // its own block when it is worth keeping (BlockPool::should_split: PyTorch's
-// rule, >= 512 bytes in the small pool, > 1 MiB in the large pool).
+// rule, >= 512 bytes in the small pool, > 1 MiB in the large pool; an
+// expandable segment's free tail is kept from 512 bytes, as it grows).
 // Otherwise the caller gets the whole block, and allocated_bytes counts it.
 // A freed block merges with free neighbours in its segment, so a segment
 // whose blocks are all free is again one block, and empty_cache can return
@@ -521,12 +525,17 @@ Block* CachingAllocator::Impl::grow_segment_locked(const Request& request, std::
     return nullptr;
   }
   const std::uintptr_t address = segment->mapped_end();
-  const Status status = bytes > segment->reserved_bytes - segment->mapped_bytes
-                            ? Status::out_of_memory
-                            : device.map_pages(reinterpret_cast<void*>(address), bytes);
+  const bool range_full = bytes > segment->reserved_bytes - segment->mapped_bytes;
+  const Status status = range_full ? Status::out_of_memory
+                                   : device.map_pages(reinterpret_cast<void*>(address), bytes);
   if (status != Status::ok) {
     *failure = ReserveFailure{
-        .over_budget = false, .device_status = status, .device_error = device.last_error()};
+        .over_budget = false,
+        .device_status = status,
+        .device_error = range_full
+                            ? fmt::format("the expandable segment's address range of {} is full",
+                                          format_bytes(segment->reserved_bytes))
+                            : device.last_error()};
     if (segment->mapped_bytes == 0) release_address_range_locked(segment);
     return nullptr;
   }
