@@ -20,6 +20,7 @@ enum class BlockState : std::uint8_t {
   free,              // cached in its pool, reusable on its stream
   allocated,         // handed to a caller
   awaiting_streams,  // freed by the caller, still in use on other streams
+  unmapped,          // a hole in an expandable segment: no pages, in no pool
 };
 
 struct Block {

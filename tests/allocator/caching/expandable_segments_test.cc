@@ -79,6 +79,63 @@ TEST(ExpandableSegments, AFreedTailIsUnmappedAndReservedDrops) {
   EXPECT_EQ(allocator.deallocate(again), Status::ok);
 }
 
+// Free pages inside the segment are unmapped too, and a later request maps
+// them again in place.
+TEST(ExpandableSegments, FreePagesInsideAreUnmappedAndMappedAgain) {
+  SimDevice device(sim_options(1024 * MiB));
+  CachingAllocator allocator(device, expandable_options(512 * MiB));
+  auto* first = static_cast<char*>(allocate_ok(allocator, 3 * MiB));  // [0, 3) MiB
+  void* middle = allocate_ok(allocator, 4 * MiB);                     // [3, 7)
+  void* last = allocate_ok(allocator, 3 * MiB);                       // [7, 10)
+  ASSERT_EQ(middle, first + 3 * MiB);
+  ASSERT_EQ(last, first + 7 * MiB);
+  EXPECT_EQ(reserved(allocator), 10 * MiB);
+  ASSERT_EQ(allocator.deallocate(middle), Status::ok);
+  allocator.empty_cache();
+  // The pages wholly inside [3, 7) are [4, 6): they go, the shared ones stay.
+  EXPECT_EQ(reserved(allocator), 8 * MiB);
+  EXPECT_EQ(device.mapped_bytes(), 8 * MiB);
+  EXPECT_FALSE(device.is_mapped(first + 4 * MiB, 1));
+  EXPECT_TRUE(device.is_mapped(first, 4 * MiB));
+  EXPECT_TRUE(device.is_mapped(first + 6 * MiB, 4 * MiB));
+  // 4 MiB fits nowhere mapped; the hole and its free neighbours hold it.
+  void* again = allocate_ok(allocator, 4 * MiB);
+  EXPECT_EQ(again, middle);
+  EXPECT_EQ(reserved(allocator), 10 * MiB);
+  EXPECT_TRUE(device.is_mapped(again, 4 * MiB));
+  std::memset(again, 0x3C, 4 * MiB);
+  for (void* ptr : {static_cast<void*>(first), again, last})
+    ASSERT_EQ(allocator.deallocate(ptr), Status::ok);
+  allocator.empty_cache();
+  EXPECT_EQ(reserved(allocator), 0);
+  EXPECT_EQ(device.mapped_bytes(), 0u);
+  EXPECT_EQ(allocator.stats().segment.current, 0);
+}
+
+// Holes at the end of the segment leave it, and the segment grows from its
+// last mapped block again.
+TEST(ExpandableSegments, AHoleAtTheEndLeavesTheSegment) {
+  SimDevice device(sim_options(1024 * MiB));
+  CachingAllocator allocator(device, expandable_options(512 * MiB));
+  auto* first = static_cast<char*>(allocate_ok(allocator, 4 * MiB));  // [0, 4)
+  void* second = allocate_ok(allocator, 4 * MiB);                     // [4, 8)
+  void* third = allocate_ok(allocator, 4 * MiB);                      // [8, 12)
+  ASSERT_EQ(allocator.deallocate(second), Status::ok);
+  allocator.empty_cache();  // [4, 8) becomes a hole
+  EXPECT_EQ(reserved(allocator), 8 * MiB);
+  ASSERT_EQ(allocator.deallocate(third), Status::ok);
+  allocator.empty_cache();  // [8, 12) leaves, and the hole before it
+  EXPECT_EQ(reserved(allocator), 4 * MiB);
+  void* grown = allocate_ok(allocator, 6 * MiB);
+  EXPECT_EQ(grown, first + 4 * MiB) << "the segment grew from its last mapped block";
+  EXPECT_EQ(reserved(allocator), 10 * MiB);
+  for (void* ptr : {static_cast<void*>(first), grown})
+    ASSERT_EQ(allocator.deallocate(ptr), Status::ok);
+  allocator.empty_cache();
+  EXPECT_EQ(reserved(allocator), 0);
+  EXPECT_EQ(device.mapped_bytes(), 0u);
+}
+
 // A freed 6 MiB block at the end of a slab strands it for a 9 MiB request
 // (a second slab); in an expandable segment the free tail grows instead.
 TEST(ExpandableSegments, ALargerBlockAfterAFreeReusesTheFreeTail) {
@@ -175,6 +232,41 @@ TEST(ExpandableSegments, RefusedPagesFallBackToASlab) {
   EXPECT_EQ(allocator.deallocate(block), Status::ok);
 }
 
+// Random blocks, frees and cache releases: every live block stays mapped and
+// intact (an unmapped page would fault), and reserved bytes are always what
+// the device holds.
+TEST(ExpandableSegments, RandomUseKeepsLiveBlocksMappedAndReservedExact) {
+  SimDevice device(sim_options(2048 * MiB));
+  CachingAllocator allocator(device, expandable_options(1024 * MiB));
+  std::mt19937 random(11);
+  std::vector<std::pair<unsigned char*, std::size_t>> live;
+  for (int i = 0; i < 3000; ++i) {
+    const unsigned op = random() % 10;
+    if (op == 0) {
+      allocator.empty_cache();
+    } else if (op < 5 && !live.empty()) {
+      const std::size_t at = random() % live.size();
+      ASSERT_EQ(allocator.deallocate(live[at].first), Status::ok);
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(at));
+    } else if (live.size() < 40) {
+      const std::size_t bytes = 512 * KiB + random() % (11 * MiB);
+      auto* ptr = static_cast<unsigned char*>(allocate_ok(allocator, bytes));
+      ASSERT_NE(ptr, nullptr);
+      std::memset(ptr, static_cast<int>(bytes % 251), bytes);
+      live.emplace_back(ptr, bytes);
+    }
+    ASSERT_EQ(static_cast<std::size_t>(reserved(allocator)), device.used_bytes()) << "op " << i;
+    for (auto [ptr, bytes] : live) {
+      ASSERT_EQ(ptr[0], bytes % 251) << "op " << i;
+      ASSERT_EQ(ptr[bytes - 1], bytes % 251) << "op " << i;
+    }
+  }
+  for (auto [ptr, bytes] : live) ASSERT_EQ(allocator.deallocate(ptr), Status::ok);
+  allocator.empty_cache();
+  EXPECT_EQ(reserved(allocator), 0);
+  EXPECT_EQ(device.used_bytes(), 0u);
+}
+
 // Each stream grows its own segment; blocks never overlap (each thread
 // writes its pattern and checks it before freeing), and everything goes back.
 TEST(ExpandableSegments, StreamsAndThreadsEachGrowTheirOwnSegment) {
@@ -191,6 +283,7 @@ TEST(ExpandableSegments, StreamsAndThreadsEachGrowTheirOwnSegment) {
       std::vector<std::pair<unsigned char*, std::size_t>> live;
       const auto pattern = static_cast<unsigned char>(0x10 + t);
       for (int i = 0; i < 300; ++i) {
+        if (random() % 50 == 0) allocator.empty_cache();  // unmaps free pages under the others
         if (live.size() > 8 || (!live.empty() && random() % 3 == 0)) {
           const std::size_t at = random() % live.size();
           auto [ptr, bytes] = live[at];
@@ -217,6 +310,7 @@ TEST(ExpandableSegments, StreamsAndThreadsEachGrowTheirOwnSegment) {
   for (std::thread& thread : threads) thread.join();
   EXPECT_EQ(failures.load(), 0);
   EXPECT_LE(allocator.stats().reserved_bytes.peak, 1024 * MiB);
+  EXPECT_EQ(static_cast<std::size_t>(reserved(allocator)), device.used_bytes());
   allocator.empty_cache();
   EXPECT_EQ(reserved(allocator), 0);
   EXPECT_EQ(device.mapped_bytes(), 0u);
