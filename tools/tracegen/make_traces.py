@@ -7,7 +7,8 @@ pass that allocates every layer's activations (QKV, attention scores,
 softmax, dropout masks, MLP hidden, ...), a backward pass that allocates
 gradients and frees the saved activations in reverse layer order, gradient
 clipping, an Adam(W) step with its foreach temporaries, and zero_grad. The
-batch size changes part-way through the run.
+batch size changes part-way through the run; in the long-context trace the
+sequence length changes every step instead.
 
 The tensor list follows Hugging Face's GPT2LMHeadModel under torch 2.x; sizes
 are exact for the stated shapes and dtypes (fp16/bf16 = 2 bytes). Addresses
