@@ -171,6 +171,7 @@ bool Runtime::build() {
   CachingAllocatorOptions options;
   options.budget_bytes = budget;
   options.large_slab_bytes = config_.chunk_size;
+  options.expandable_segments = config_.expandable_segments;
   owned_allocator_ = std::make_unique<CachingAllocator>(*device_, options, recorder_.get());
   chunk_manager_ = std::make_unique<ChunkManager>(*device_, *owned_allocator_,
                                                   ChunkManagerOptions::from_config(config_),

@@ -14,11 +14,13 @@
 namespace spillway {
 
 class BlockPool;
+struct ExpandableSegment;
 
 enum class BlockState : std::uint8_t {
   free,              // cached in its pool, reusable on its stream
   allocated,         // handed to a caller
   awaiting_streams,  // freed by the caller, still in use on other streams
+  unmapped,          // a hole in an expandable segment: no pages, in no pool
 };
 
 struct Block {
@@ -27,14 +29,18 @@ struct Block {
   std::size_t requested_bytes = 0;  // what the caller asked, for the trace
   Stream stream;                    // the stream it was allocated on: its owner
   BlockPool* pool = nullptr;
-  Block* prev = nullptr;  // neighbours in the same segment, by address
+  ExpandableSegment* expandable = nullptr;  // the segment it lies in, when expandable
+  Block* prev = nullptr;                    // neighbours in the same segment, by address
   Block* next = nullptr;
   BlockState state = BlockState::free;
   AllocationOwner owner = AllocationOwner::non_model;  // while allocated
   int pending_events = 0;                              // awaiting_streams: events not yet complete
   std::vector<Stream> used_on_streams;                 // record_stream, other than `stream`
 
-  bool is_whole_segment() const { return prev == nullptr && next == nullptr; }
+  // A whole cudaMalloc'd segment, which can be given back with free().
+  bool is_whole_segment() const {
+    return prev == nullptr && next == nullptr && expandable == nullptr;
+  }
   void* pointer() const { return reinterpret_cast<void*>(address); }
 };
 

@@ -63,7 +63,9 @@ void BlockPool::keep_spare_node(FreeSet::node_type node) {
 
 bool BlockPool::should_split(const Block& block, std::size_t size) const {
   const std::size_t remainder = block.size - size;
-  if (kind_ == Kind::small) return remainder >= CachingAllocator::kRoundBytes;
+  // An expandable segment's tail is worth keeping at any size: it grows.
+  if (kind_ == Kind::small || (block.expandable != nullptr && block.next == nullptr))
+    return remainder >= CachingAllocator::kRoundBytes;
   return remainder > CachingAllocator::kSmallRequestMaxBytes;
 }
 

@@ -42,7 +42,8 @@ class BlockPool {
   // free block of its own. PyTorch's rule: a small-pool remainder is worth
   // keeping from one rounding unit up; a large-pool one only above 1 MiB
   // (smaller large-pool remainders would only serve small requests, which
-  // the small pool serves).
+  // the small pool serves). The free tail of an expandable segment is kept
+  // from one rounding unit up: the segment's next growth joins it.
   bool should_split(const Block& block, std::size_t size) const;
 
   // Free blocks spanning a whole segment, i.e. segments that can be returned.

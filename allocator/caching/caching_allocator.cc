@@ -11,7 +11,10 @@
 //    address-ordered list. BlockPool (block_pool.h): the free blocks of one
 //    pool, best fit per stream. BlockAddressMap (block_address_map.h): the
 //    blocks handed out, by address. DeferredFrees (deferred_frees.h): blocks
-//    freed but still in use on other streams.
+//    freed but still in use on other streams. ExpandableSegment
+//    (expandable_segment.h): a segment on reserved address space that grows
+//    and shrinks by device pages (Notes [Size classes], [Expandable
+//    segments]).
 //  - One mutex guards all of it. The hot path (a cached block out and back)
 //    is a rounding, two tree lookups and two hash probes under that mutex,
 //    with no heap allocation (Note [A short hot path]).
@@ -23,12 +26,77 @@
 // large_slab_bytes (the configured chunk_size, so a chunk is exactly one
 // slab), and requests bigger than that get a segment of their own, rounded
 // up to 2 MiB. Oversize segments belong to the large pool too, so their
-// free space can serve other large requests, as in PyTorch.
+// free space can serve other large requests, as in PyTorch. That is the
+// layout with expandable_segments off; with it on (the default), Note [Size
+// classes] replaces the large-pool half.
+//
+// Note [Size classes]
+// With expandable_segments, large-pool requests fall in two classes, fitted
+// to how training allocates (measured on the shipped traces and a PyTorch
+// model, docs/benchmarks.md):
+//  - mid-size, over 1 MiB and under 10 MiB (activations, most gradients):
+//    from the stream's expandable segment, grown by whole pages as needed
+//    (Note [Expandable segments]); where the device has no virtual memory,
+//    from 20 MiB slabs, PyTorch's rule;
+//  - from 10 MiB up (attention scores, logits, big weights): a segment of
+//    its own, rounded up to 2 MiB, as in PyTorch, so a freed one serves the
+//    next block of its size exactly, and is returned whole.
+// A request of exactly chunk_size, whatever its class, gets a segment of
+// exactly that size: a chunk is still one slab, so an evicted chunk gives
+// its memory back whole (in an expandable segment it could sit inside, out of
+// reach of other streams, Note [Expandable segments]).
+// Both classes share the large pool, so a free block of either serves any
+// large request (keeping mid-size blocks out of freed large segments measured
+// worse: their free space then sat idle). Putting every large request in the
+// expandable segment measured worse too: long-lived large blocks in the
+// middle of one address range leave holes that only smaller blocks can use.
+//
+// Note [Outgrown segments]
+// When the shapes change (a longer sequence, a bigger batch), every large
+// buffer of the new shape misses the cache, and the free segments of the
+// old shape, a little too small, would stay reserved beside the new ones:
+// PyTorch's allocator reserves 1.18 times its peak allocation on the
+// long-context trace that way. So before a large request (10 MiB up) gets a
+// new segment, the stream's free whole segments between half its size and
+// its size go back to the device: they are this buffer's earlier shapes.
+// Not those of half the size or less (half rounded up to 2 MiB, as that
+// segment would be): there sit the buffers of another dtype or role (an
+// fp16 copy of an fp32 tensor is exactly half), which the step will ask for
+// again (releasing them measured worse on gpt2_medium, docs/benchmarks.md).
+// It costs a device free, and on CUDA a cudaFree waits for the device, but
+// only on a large miss, i.e. when shapes change.
+//
+// Note [Expandable segments]
+// A segment made with cudaMalloc keeps its size for life, so a free block at
+// its end serves only requests that fit in it. An expandable segment (after
+// PyTorch's expandable_segments) is an address range reserved once per
+// stream (ExpandableSegment, expandable_segment.h; the budget's size, at most
+// 1 TiB), with device pages mapped from its start (Device::map_pages, Note
+// [Virtual memory pages] in device.cc). When no free block fits, the segment
+// grows at its end by the pages the request lacks: a free tail block grows in
+// place (the request then splits it as usual), otherwise the new pages are a
+// new tail block. Reserved bytes are mapped bytes, so the budget, the stats
+// and segment_alloc/segment_free trace events (one per mapping, with its
+// range) count pages. Releasing cached memory (step 3 of the fallback chain,
+// empty_cache, a budget cut) unmaps the whole pages inside every free block:
+// the pages become a hole, an `unmapped` block in the segment's list but in
+// no pool, joined with holes beside it; what is left of the free block
+// either side (the part of a page it shares with a used neighbour) stays
+// free. Pages at the segment's end, and holes left at the end, leave the
+// segment; one left with no blocks gives back its address range. Before
+// growing at its end, a segment tries its holes: one that, with its free
+// neighbours, holds the request gets the pages the request lacks mapped and
+// joins them, so address space is reused and the memory stays where it was.
+// Blocks carry their segment (Block::expandable) so a merge that absorbs the
+// tail moves `tail`. A mapping the device refuses falls back to a slab, so a
+// device without virtual memory, or with its address range used up, keeps
+// working.
 //
 // Note [Split and coalesce]
 // A free block larger than the request is split; the rest stays cached as
 // its own block when it is worth keeping (BlockPool::should_split: PyTorch's
-// rule, >= 512 bytes in the small pool, > 1 MiB in the large pool).
+// rule, >= 512 bytes in the small pool, > 1 MiB in the large pool; an
+// expandable segment's free tail is kept from 512 bytes, as it grows).
 // Otherwise the caller gets the whole block, and allocated_bytes counts it.
 // A freed block merges with free neighbours in its segment, so a segment
 // whose blocks are all free is again one block, and empty_cache can return
@@ -106,6 +174,8 @@
 #include <atomic>
 #include <deque>
 #include <limits>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -116,6 +186,7 @@
 #include "allocator/caching/block_address_map.h"
 #include "allocator/caching/block_pool.h"
 #include "allocator/caching/deferred_frees.h"
+#include "allocator/caching/expandable_segment.h"
 #include "allocator/caching/out_of_memory_report.h"
 #include "allocator/config/format_bytes.h"
 #include "allocator/config/invariant.h"
@@ -127,6 +198,12 @@ thread_local std::string t_last_error;
 
 // Requests above this cannot be rounded without overflow; no device has it.
 constexpr std::size_t kMaxRequestBytes = std::numeric_limits<std::size_t>::max() / 2;
+
+// An expandable segment's address range: the budget, capped where the budget
+// is "unlimited" (address space is plentiful, not endless: 128 TiB a process).
+constexpr std::size_t kMidRequestMaxBytes = std::size_t{10} << 20;
+constexpr std::size_t kMidSlabBytes = std::size_t{20} << 20;
+constexpr std::size_t kMaxAddressRangeBytes = std::size_t{1} << 40;  // 1 TiB
 
 std::size_t round_up(std::size_t value, std::size_t multiple) {
   return (value + multiple - 1) / multiple * multiple;
@@ -143,6 +220,9 @@ struct Request {
   BlockPool* pool = nullptr;
   std::size_t segment_bytes = 0;      // a new segment: a slab, or an oversize segment
   std::size_t min_segment_bytes = 0;  // the smallest that fits (Note [Segments near the budget])
+  // Which expandable segment of the stream serves it (Note [Size classes]):
+  // 0: none; 1: the mid-size segment (the one class that has one today).
+  int expandable_class = 0;
 };
 
 // Why the latest attempt to reserve a segment failed, for the error.
@@ -172,10 +252,23 @@ struct CachingAllocator::Impl {
   // `past_budget`: Note [Segments past the budget].
   Block* reserve_segment_locked(const Request& request, ReserveFailure* failure,
                                 bool past_budget = false);
+  // Note [Expandable segments]: maps pages after the stream's segment's
+  // tail; null when the budget or the device has no room, or the segment's
+  // address range is full.
+  Block* grow_segment_locked(const Request& request, std::size_t left, ReserveFailure* failure);
+  ExpandableSegment* expandable_segment_locked(Stream stream, int size_class, std::size_t bytes);
+  void shrink_segments_locked();
+  void unmap_free_pages_locked(ExpandableSegment* segment, Block* block);
+  void drop_trailing_holes_locked(ExpandableSegment* segment);
+  Block* fill_hole_locked(ExpandableSegment* segment, const Request& request, std::size_t left);
+  void release_address_range_locked(ExpandableSegment* segment);
   void* hand_out_locked(Block* block, const Request& request);
   void release_allocated_locked(Block* block);
   void return_to_pool_locked(Block* block);
   void release_free_segments_locked();
+  void release_outgrown_segments_locked(const Request& request);
+  // A free block that is a whole cudaMalloc'd segment goes back to the device.
+  void release_segment_locked(Block* block);
   // Cheap when nothing is deferred: called on every allocate and deallocate.
   void collect_completed_frees_if_any_locked() {
     if (!deferred_frees.empty()) collect_completed_frees_locked();
@@ -203,6 +296,8 @@ struct CachingAllocator::Impl {
   Device& device;
   TraceSink* const trace;
   const std::size_t large_slab_bytes;
+  const bool size_classes;       // expandable_segments: Note [Size classes]
+  const std::size_t page_bytes;  // 0: slabs only (Note [Expandable segments])
   std::atomic<std::size_t> budget_bytes;
 
   mutable std::mutex mutex;
@@ -211,7 +306,9 @@ struct CachingAllocator::Impl {
   BlockAddressMap allocated_blocks;
   DeferredFrees deferred_frees;
   std::unordered_map<std::uintptr_t, std::size_t> segments;  // base address -> bytes
-  std::deque<Block> block_storage;                           // stable addresses
+  // Stream -> its expandable segment, while it has pages mapped.
+  std::map<std::pair<std::uintptr_t, int>, std::unique_ptr<ExpandableSegment>> expandable_segments;
+  std::deque<Block> block_storage;  // stable addresses
   std::vector<Block*> spare_blocks;
   std::vector<PressureHandler*> pressure_handlers;
   Stats stats;
@@ -222,6 +319,8 @@ CachingAllocator::Impl::Impl(Device& device_to_use, CachingAllocatorOptions opti
     : device(device_to_use),
       trace(trace_sink),
       large_slab_bytes(round_up(options.large_slab_bytes, kRoundBytes)),
+      size_classes(options.expandable_segments),
+      page_bytes(options.expandable_segments ? device_to_use.page_bytes() : 0),
       budget_bytes(options.budget_bytes),
       deferred_frees(device_to_use) {}
 
@@ -230,6 +329,18 @@ CachingAllocator::Impl::~Impl() {
   // after that work is done.
   for (Event event : deferred_frees.pending_events()) device.synchronize_event(event);
   for (const auto& [base, bytes] : segments) device.free(reinterpret_cast<void*>(base));
+  for (const auto& [stream, segment] : expandable_segments) {
+    // The mapped runs between holes, from the tail down.
+    for (Block* block = segment->tail; block != nullptr;) {
+      const std::uintptr_t run_end = block->address + block->size;
+      std::uintptr_t run_start = run_end;
+      for (; block != nullptr && block->state != BlockState::unmapped; block = block->prev)
+        run_start = block->address;
+      device.unmap_pages(reinterpret_cast<void*>(run_start), run_end - run_start);
+      while (block != nullptr && block->state == BlockState::unmapped) block = block->prev;
+    }
+    device.release_address_range(reinterpret_cast<void*>(segment->base), segment->reserved_bytes);
+  }
 }
 
 bool CachingAllocator::Impl::make_request(std::size_t bytes, Stream stream, Request* request) {
@@ -242,10 +353,21 @@ bool CachingAllocator::Impl::make_request(std::size_t bytes, Stream stream, Requ
   if (size <= kSmallRequestMaxBytes) {
     request->pool = &small_pool;
     request->segment_bytes = request->min_segment_bytes = kSmallSlabBytes;
-  } else if (size <= large_slab_bytes) {
+  } else if (!size_classes && size <= large_slab_bytes) {
     request->pool = &large_pool;
     request->segment_bytes = large_slab_bytes;
     request->min_segment_bytes = std::min(round_up(size, kOversizeRoundBytes), large_slab_bytes);
+  } else if (!size_classes) {
+    request->pool = &large_pool;
+    request->segment_bytes = request->min_segment_bytes = round_up(size, kOversizeRoundBytes);
+  } else if (size == large_slab_bytes) {  // a chunk: Note [Size classes]
+    request->pool = &large_pool;
+    request->segment_bytes = request->min_segment_bytes = size;
+  } else if (size < kMidRequestMaxBytes) {
+    request->pool = &large_pool;
+    request->expandable_class = 1;
+    request->segment_bytes = kMidSlabBytes;
+    request->min_segment_bytes = round_up(size, kOversizeRoundBytes);
   } else {
     request->pool = &large_pool;
     request->segment_bytes = request->min_segment_bytes = round_up(size, kOversizeRoundBytes);
@@ -360,6 +482,14 @@ Block* CachingAllocator::Impl::reserve_segment_locked(const Request& request,
                                          : budget_bytes.load(std::memory_order_relaxed);
   const std::size_t reserved = reserved_bytes_locked();
   const std::size_t left = budget > reserved ? budget - reserved : 0;
+  if (page_bytes != 0 && request.expandable_class != 0) {
+    if (Block* block = grow_segment_locked(request, left, failure)) return block;
+    // Over budget a slab would be too; otherwise (the address range is full,
+    // the device refused pages) a slab may still fit.
+    if (failure->over_budget) return nullptr;
+  }
+  if (size_classes && request.size >= kMidRequestMaxBytes)
+    release_outgrown_segments_locked(request);
   void* base = nullptr;
   std::size_t bytes = 0;
   for (const std::size_t candidate : {request.segment_bytes, request.min_segment_bytes}) {
@@ -393,6 +523,262 @@ Block* CachingAllocator::Impl::reserve_segment_locked(const Request& request,
   return block;
 }
 
+// Note [Expandable segments]
+Block* CachingAllocator::Impl::grow_segment_locked(const Request& request, std::size_t left,
+                                                   ReserveFailure* failure) {
+  ExpandableSegment* segment = expandable_segment_locked(
+      request.stream, request.expandable_class,
+      std::min(budget_bytes.load(std::memory_order_relaxed), kMaxAddressRangeBytes));
+  if (segment == nullptr) return nullptr;
+  if (segment->holes > 0) {
+    if (Block* block = fill_hole_locked(segment, request, left)) return block;
+  }
+  Block* tail = segment->tail;
+  const bool tail_is_free = tail != nullptr && tail->state == BlockState::free;
+  const std::size_t reused = tail_is_free ? tail->size : 0;  // the free tail grows
+  const std::size_t bytes = round_up(request.size - reused, page_bytes);
+  if (bytes > left) {
+    *failure = ReserveFailure{.over_budget = true, .device_status = Status::ok, .device_error = {}};
+    if (segment->end_bytes == 0) release_address_range_locked(segment);
+    return nullptr;
+  }
+  const std::uintptr_t address = segment->end();
+  const bool range_full = bytes > segment->reserved_bytes - segment->end_bytes;
+  const Status status = range_full ? Status::out_of_memory
+                                   : device.map_pages(reinterpret_cast<void*>(address), bytes);
+  if (status != Status::ok) {
+    *failure = ReserveFailure{
+        .over_budget = false,
+        .device_status = status,
+        .device_error = range_full
+                            ? fmt::format("the expandable segment's address range of {} is full",
+                                          format_bytes(segment->reserved_bytes))
+                            : device.last_error()};
+    if (segment->end_bytes == 0) release_address_range_locked(segment);
+    return nullptr;
+  }
+  segment->mapped_bytes += bytes;
+  segment->end_bytes += bytes;
+  stats.reserved_bytes.increase(static_cast<std::int64_t>(bytes));
+  ++stats.num_device_alloc;
+  trace_locked(TraceEventKind::segment_alloc, request.stream, address, bytes);
+  if (tail_is_free) {
+    tail->pool->update_range(tail, tail->address, tail->size + bytes);
+    return tail;
+  }
+  Block* block = new_block_locked();
+  block->address = address;
+  block->size = bytes;
+  block->stream = request.stream;
+  block->pool = request.pool;
+  block->expandable = segment;
+  block->prev = tail;
+  if (tail != nullptr) tail->next = block;
+  segment->tail = block;
+  request.pool->insert(block);
+  return block;
+}
+
+// The stream's segment, with an address range reserved for it if it has
+// none; null where the device refuses one.
+ExpandableSegment* CachingAllocator::Impl::expandable_segment_locked(Stream stream, int size_class,
+                                                                     std::size_t bytes) {
+  auto [it, inserted] = expandable_segments.try_emplace({stream_id(stream), size_class});
+  if (!inserted) return it->second.get();
+  auto segment = std::make_unique<ExpandableSegment>();
+  segment->reserved_bytes = round_up(bytes, page_bytes);
+  segment->stream = stream;
+  segment->size_class = size_class;
+  void* base = nullptr;
+  if (device.reserve_address_range(&base, segment->reserved_bytes) != Status::ok) {
+    expandable_segments.erase(it);
+    return nullptr;
+  }
+  segment->base = reinterpret_cast<std::uintptr_t>(base);
+  stats.segment.increase(1);
+  it->second = std::move(segment);
+  return it->second.get();
+}
+
+void CachingAllocator::Impl::release_address_range_locked(ExpandableSegment* segment) {
+  device.release_address_range(reinterpret_cast<void*>(segment->base), segment->reserved_bytes);
+  stats.segment.decrease(1);
+  expandable_segments.erase({stream_id(segment->stream), segment->size_class});
+}
+
+// Maps the pages a request lacks in a hole whose free neighbours and itself
+// hold it; the free block that then holds it (in the pool), or null when no
+// hole serves (Note [Expandable segments]).
+Block* CachingAllocator::Impl::fill_hole_locked(ExpandableSegment* segment, const Request& request,
+                                                std::size_t left) {
+  auto is_free = [](const Block* b) { return b != nullptr && b->state == BlockState::free; };
+  for (Block* hole = segment->tail; hole != nullptr; hole = hole->prev) {
+    if (hole->state != BlockState::unmapped) continue;
+    Block* prev = is_free(hole->prev) ? hole->prev : nullptr;
+    Block* next = is_free(hole->next) ? hole->next : nullptr;
+    const std::size_t available =
+        (prev != nullptr ? prev->size : 0) + hole->size + (next != nullptr ? next->size : 0);
+    if (available < request.size) continue;
+    const std::uintptr_t start = prev != nullptr ? prev->address : hole->address;
+    const std::uintptr_t hole_end = hole->address + hole->size;
+    const std::uintptr_t map_end = std::min(
+        hole_end, segment->base + round_up(start + request.size - segment->base, page_bytes));
+    const std::size_t bytes = map_end - hole->address;
+    if (bytes > left) continue;
+    if (device.map_pages(reinterpret_cast<void*>(hole->address), bytes) != Status::ok) continue;
+    segment->mapped_bytes += bytes;
+    stats.reserved_bytes.increase(static_cast<std::int64_t>(bytes));
+    ++stats.num_device_alloc;
+    trace_locked(TraceEventKind::segment_alloc, segment->stream, hole->address, bytes);
+    const bool whole = map_end == hole_end;
+    Block* block = prev;  // the free block that gets the pages
+    if (block != nullptr) {
+      block->pool->update_range(block, block->address, block->size + bytes);
+    } else if (whole) {
+      block = hole;
+      block->state = BlockState::free;
+      block->pool->insert(block);
+    } else {
+      block = new_block_locked();
+      block->address = hole->address;
+      block->size = bytes;
+      block->stream = hole->stream;
+      block->pool = hole->pool;
+      block->expandable = segment;
+      block->prev = hole->prev;
+      block->next = hole;
+      if (block->prev != nullptr) block->prev->next = block;
+      hole->prev = block;
+      block->pool->insert(block);
+    }
+    if (!whole) {
+      hole->address = map_end;
+      hole->size = hole_end - map_end;
+      return block;
+    }
+    --segment->holes;
+    if (block != hole) {  // the hole is gone: unlink it
+      block->next = hole->next;
+      if (block->next != nullptr) block->next->prev = block;
+      recycle_block_locked(hole);
+    }
+    if (next != nullptr) {  // and its free neighbour after it joins
+      next->pool->remove(next);
+      block->next = next->next;
+      if (block->next != nullptr) block->next->prev = block;
+      if (segment->tail == next) segment->tail = block;
+      block->pool->update_range(block, block->address, block->size + next->size);
+      recycle_block_locked(next);
+    }
+    return block;
+  }
+  return nullptr;
+}
+
+// Unmaps the whole pages of every free block of every expandable segment; a
+// segment left with no blocks gives back its address range too.
+void CachingAllocator::Impl::shrink_segments_locked() {
+  std::vector<ExpandableSegment*> emptied;
+  for (const auto& [key, segment] : expandable_segments) {
+    for (Block* block = segment->tail; block != nullptr;) {
+      Block* prev = block->prev;  // what unmapping leaves before `block` stays valid
+      if (block->state == BlockState::free) unmap_free_pages_locked(segment.get(), block);
+      block = prev;
+    }
+    drop_trailing_holes_locked(segment.get());
+    if (segment->end_bytes == 0) emptied.push_back(segment.get());
+  }
+  for (ExpandableSegment* segment : emptied) release_address_range_locked(segment);
+}
+
+// The segment ends at its last mapped block: holes after it leave it.
+void CachingAllocator::Impl::drop_trailing_holes_locked(ExpandableSegment* segment) {
+  while (segment->tail != nullptr && segment->tail->state == BlockState::unmapped) {
+    Block* hole = segment->tail;
+    segment->end_bytes = hole->address - segment->base;
+    segment->tail = hole->prev;
+    if (hole->prev != nullptr) hole->prev->next = nullptr;
+    --segment->holes;
+    recycle_block_locked(hole);
+  }
+}
+
+// Unmaps the whole pages inside a free block. What is left of it either
+// side stays free; the pages become a hole (joined with holes beside it),
+// or, at the segment's end, leave the segment.
+void CachingAllocator::Impl::unmap_free_pages_locked(ExpandableSegment* segment, Block* block) {
+  const std::uintptr_t begin = block->address;
+  const std::uintptr_t end = begin + block->size;
+  const std::uintptr_t first_page = segment->base + round_up(begin - segment->base, page_bytes);
+  const std::uintptr_t last_page = segment->base + (end - segment->base) / page_bytes * page_bytes;
+  if (last_page <= first_page) return;
+  const std::size_t bytes = last_page - first_page;
+  if (device.unmap_pages(reinterpret_cast<void*>(first_page), bytes) != Status::ok) return;
+  segment->mapped_bytes -= bytes;
+  stats.reserved_bytes.decrease(static_cast<std::int64_t>(bytes));
+  ++stats.num_device_free;
+  trace_locked(TraceEventKind::segment_free, segment->stream, first_page, bytes);
+
+  Block* const next = block->next;
+  Block* before = block;  // the block before the pages
+  if (first_page > begin) {
+    block->pool->update_range(block, begin, first_page - begin);
+  } else {
+    block->pool->remove(block);
+    before = block->prev;
+  }
+  Block* right = nullptr;  // what is left after the pages
+  if (end > last_page) {
+    right = new_block_locked();
+    right->address = last_page;
+    right->size = end - last_page;
+    right->stream = block->stream;
+    right->pool = block->pool;
+    right->expandable = segment;
+    right->next = next;
+    if (next != nullptr) next->prev = right;
+    right->pool->insert(right);
+  }
+  const bool block_reused = before == block;
+  if (right == nullptr && next == nullptr) {
+    // The segment's end: the pages leave it (a hole left at the end goes in
+    // drop_trailing_holes_locked, once the caller's walk is done).
+    segment->end_bytes = first_page - segment->base;
+    segment->tail = before;
+    if (before != nullptr) before->next = nullptr;
+    if (!block_reused) recycle_block_locked(block);
+    return;
+  }
+  Block* hole = nullptr;
+  if (before != nullptr && before->state == BlockState::unmapped) {
+    hole = before;  // joins the hole before it
+    hole->size = last_page - hole->address;
+  } else {
+    hole = block_reused ? new_block_locked() : block;
+    hole->address = first_page;
+    hole->size = bytes;
+    hole->stream = block->stream;
+    hole->pool = block->pool;
+    hole->expandable = segment;
+    hole->prev = before;
+    if (before != nullptr) before->next = hole;
+    ++segment->holes;
+  }
+  hole->state = BlockState::unmapped;
+  Block* after = right != nullptr ? right : next;
+  if (right == nullptr && next->state == BlockState::unmapped) {  // joins the hole after it
+    hole->size = next->address + next->size - hole->address;
+    after = next->next;
+    --segment->holes;
+    if (segment->tail == next) segment->tail = hole;
+    recycle_block_locked(next);
+  }
+  hole->next = after;
+  if (after != nullptr) after->prev = hole;
+  if (!block_reused && hole != block) recycle_block_locked(block);
+  if (next == nullptr) segment->tail = right;
+}
+
 // Hands the request out of `free_block`, a free block in its pool. A split
 // hands out a new block cut from its front, and the free block, shrunk,
 // stays in the pool (Note [Split and coalesce]).
@@ -404,6 +790,7 @@ void* CachingAllocator::Impl::hand_out_locked(Block* free_block, const Request& 
     block->size = request.size;
     block->stream = free_block->stream;
     block->pool = free_block->pool;
+    block->expandable = free_block->expandable;
     block->prev = free_block->prev;
     block->next = free_block;
     if (block->prev != nullptr) block->prev->next = block;
@@ -483,6 +870,10 @@ void CachingAllocator::Impl::return_to_pool_locked(Block* block) {
   if (keeper->prev != nullptr) keeper->prev->next = keeper;
   if (keeper->next != nullptr) keeper->next->prev = keeper;
   pool->update_range(keeper, address, size);
+  if (ExpandableSegment* segment = block->expandable;
+      segment != nullptr && (segment->tail == block || segment->tail == next)) {
+    segment->tail = keeper;
+  }
   recycle_block_locked(block);
   if (prev != nullptr && next != nullptr) recycle_block_locked(next);
   SPILLWAY_INVARIANT(!is_free(keeper->prev) && !is_free(keeper->next),
@@ -512,17 +903,30 @@ bool CachingAllocator::Impl::wait_for_deferred_frees() {
 
 void CachingAllocator::Impl::release_free_segments_locked() {
   for (BlockPool* pool : {&small_pool, &large_pool}) {
-    for (Block* block : pool->whole_segments()) {
-      pool->remove(block);
-      device.free(block->pointer());
-      segments.erase(block->address);
-      stats.segment.decrease(1);
-      stats.reserved_bytes.decrease(static_cast<std::int64_t>(block->size));
-      ++stats.num_device_free;
-      trace_locked(TraceEventKind::segment_free, block->stream, block->address, block->size);
-      recycle_block_locked(block);
+    for (Block* block : pool->whole_segments()) release_segment_locked(block);
+  }
+  if (page_bytes != 0) shrink_segments_locked();
+}
+
+// Note [Outgrown segments]
+void CachingAllocator::Impl::release_outgrown_segments_locked(const Request& request) {
+  for (Block* block : large_pool.whole_segments()) {
+    if (block->stream == request.stream && block->size < request.size &&
+        block->size > round_up(request.size / 2, kOversizeRoundBytes)) {
+      release_segment_locked(block);
     }
   }
+}
+
+void CachingAllocator::Impl::release_segment_locked(Block* block) {
+  block->pool->remove(block);
+  device.free(block->pointer());
+  segments.erase(block->address);
+  stats.segment.decrease(1);
+  stats.reserved_bytes.decrease(static_cast<std::int64_t>(block->size));
+  ++stats.num_device_free;
+  trace_locked(TraceEventKind::segment_free, block->stream, block->address, block->size);
+  recycle_block_locked(block);
 }
 
 Status CachingAllocator::Impl::record_stream(void* ptr, Stream stream) {
@@ -616,6 +1020,7 @@ Block* CachingAllocator::Impl::new_block_locked() {
 
 void CachingAllocator::Impl::recycle_block_locked(Block* block) {
   block->prev = block->next = nullptr;
+  block->expandable = nullptr;
   block->state = BlockState::free;
   block->pending_events = 0;
   block->used_on_streams.clear();

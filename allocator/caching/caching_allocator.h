@@ -24,6 +24,10 @@ struct CachingAllocatorOptions {
   std::size_t budget_bytes = std::size_t{1} << 40;
   // Size of a large-pool slab: the configured chunk_size.
   std::size_t large_slab_bytes = 64'000'000;
+  // Large-pool blocks come from one growable segment per stream on reserved
+  // address space instead of slabs (Note [Expandable segments]); ignored
+  // where the device has no virtual memory.
+  bool expandable_segments = false;
 };
 
 class CachingAllocator {

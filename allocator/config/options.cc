@@ -148,7 +148,7 @@ constexpr int kMaxWarmupSteps = 1000;
 #define SPILLWAY_BOOL_FORM "a boolean (true, false, 1, 0, on, off, yes, no)"
 
 // The table. Rows are in documentation order; docs/configuration.md mirrors it.
-const std::array<OptionRow, 13> kOptionRows{{
+const std::array<OptionRow, 14> kOptionRows{{
     {{"device", "auto", "auto, cuda or sim",
       "device backend; auto picks cuda when a GPU is usable, else sim with a warning"},
      [](std::string_view value, Config& config) {
@@ -189,6 +189,16 @@ const std::array<OptionRow, 13> kOptionRows{{
        return true;
      },
      [](const Config& config) { return format_size(config.chunk_size); }},
+
+    {{"expandable_segments", "true", SPILLWAY_BOOL_FORM,
+      "mid-size blocks come from a segment per stream that grows and shrinks in place "
+      "(virtual memory), larger ones from segments of their own"},
+     [](std::string_view value, Config& config) {
+       auto enabled = parse_bool(value);
+       if (enabled) config.expandable_segments = *enabled;
+       return enabled.has_value();
+     },
+     [](const Config& config) { return std::string(format_bool(config.expandable_segments)); }},
 
     {{"policy", "planned", "planned, lru or static",
       "eviction policy; static never spills, so going over budget is an error"},

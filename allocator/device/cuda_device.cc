@@ -16,6 +16,8 @@
 // not cleared by this, and keep failing every later call, as they should.
 #include "allocator/device/cuda_device.h"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
 #include <chrono>
@@ -179,6 +181,179 @@ Status CudaDevice::create(int ordinal, std::unique_ptr<CudaDevice>* out) {
     return status;
   }
   out->reset(new CudaDevice(ordinal, "cuda:" + std::to_string(ordinal) + " " + properties.name));
+  (*out)->load_virtual_memory();
+  return Status::ok;
+}
+
+struct CudaDevice::DriverCalls {
+  PFN_cuMemAddressReserve_v10020 address_reserve = nullptr;
+  PFN_cuMemAddressFree_v10020 address_free = nullptr;
+  PFN_cuMemCreate_v10020 create = nullptr;
+  PFN_cuMemRelease_v10020 release = nullptr;
+  PFN_cuMemMap_v10020 map = nullptr;
+  PFN_cuMemUnmap_v10020 unmap = nullptr;
+  PFN_cuMemSetAccess_v10020 set_access = nullptr;
+  PFN_cuMemGetAllocationGranularity_v10020 granularity = nullptr;
+  CUmemAllocationProp properties{};
+};
+
+CudaDevice::CudaDevice(int ordinal, std::string name)
+    : ordinal_(ordinal), name_(std::move(name)) {}
+
+CudaDevice::~CudaDevice() {
+  // Pages still mapped when the device goes: give their memory back.
+  if (driver_ == nullptr) return;
+  for (const auto& [page, handle] : page_handles_) {
+    (void)driver_->unmap(static_cast<CUdeviceptr>(page), page_bytes_);
+    (void)driver_->release(static_cast<CUmemGenericAllocationHandle>(handle));
+  }
+}
+
+namespace {
+
+// One driver call by name, as of CUDA 10.2 (the virtual memory calls' version).
+template <typename Function>
+bool find_driver_call(const char* name, Function* out) {
+  void* function = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  const cudaError_t error =
+      cudaGetDriverEntryPointByVersion(name, &function, 10020, cudaEnableDefault, &found);
+  if (error != cudaSuccess || found != cudaDriverEntryPointSuccess || function == nullptr) {
+    (void)cudaGetLastError();  // Note [Clearing CUDA's last error]
+    return false;
+  }
+  *out = reinterpret_cast<Function>(function);
+  return true;
+}
+
+// "cuMemMap(2097152 bytes) on cuda:0: CUresult 2"
+Status check_driver(CUresult result, const char* call, int ordinal, std::size_t bytes) {
+  if (result == CUDA_SUCCESS) return Status::ok;
+  t_last_error = std::string(call) + "(" + std::to_string(bytes) +
+                 " bytes) on cuda:" + std::to_string(ordinal) + ": CUresult " +
+                 std::to_string(static_cast<int>(result));
+  switch (result) {
+    case CUDA_ERROR_OUT_OF_MEMORY:
+      return Status::out_of_memory;
+    case CUDA_ERROR_INVALID_VALUE:
+      return Status::invalid_argument;
+    case CUDA_ERROR_NOT_SUPPORTED:
+      return Status::unavailable;
+    default:
+      return Status::error;
+  }
+}
+
+}  // namespace
+
+void CudaDevice::load_virtual_memory() {
+  auto calls = std::make_unique<DriverCalls>();
+  const bool found = find_driver_call("cuMemAddressReserve", &calls->address_reserve) &&
+                     find_driver_call("cuMemAddressFree", &calls->address_free) &&
+                     find_driver_call("cuMemCreate", &calls->create) &&
+                     find_driver_call("cuMemRelease", &calls->release) &&
+                     find_driver_call("cuMemMap", &calls->map) &&
+                     find_driver_call("cuMemUnmap", &calls->unmap) &&
+                     find_driver_call("cuMemSetAccess", &calls->set_access) &&
+                     find_driver_call("cuMemGetAllocationGranularity", &calls->granularity);
+  if (!found) return;
+  calls->properties.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  calls->properties.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  calls->properties.location.id = ordinal_;
+  std::size_t granularity = 0;
+  if (calls->granularity(&granularity, &calls->properties, CU_MEM_ALLOC_GRANULARITY_MINIMUM) !=
+          CUDA_SUCCESS ||
+      granularity == 0) {
+    return;
+  }
+  driver_ = std::move(calls);
+  page_bytes_ = granularity;
+}
+
+Status CudaDevice::do_reserve_address_range(void** base, std::size_t bytes) {
+  if (base == nullptr) return invalid_argument("reserve_address_range: null out-pointer");
+  *base = nullptr;
+  if (page_bytes_ == 0) return invalid_argument("reserve_address_range: no virtual memory");
+  if (bytes == 0 || bytes % page_bytes_ != 0) {
+    return invalid_argument("reserve_address_range: " + std::to_string(bytes) +
+                            " bytes is not whole pages");
+  }
+  CUdeviceptr address = 0;
+  const Status status = check_driver(driver_->address_reserve(&address, bytes, page_bytes_, 0, 0),
+                                     "cuMemAddressReserve", ordinal_, bytes);
+  if (status == Status::ok) *base = reinterpret_cast<void*>(address);
+  return status;
+}
+
+Status CudaDevice::do_release_address_range(void* base, std::size_t bytes) {
+  if (page_bytes_ == 0) return invalid_argument("release_address_range: no virtual memory");
+  return check_driver(driver_->address_free(reinterpret_cast<CUdeviceptr>(base), bytes),
+                      "cuMemAddressFree", ordinal_, bytes);
+}
+
+// One physical allocation per page, mapped and made accessible; on a failure
+// the pages mapped so far are unmapped again.
+Status CudaDevice::do_map_pages(void* address, std::size_t bytes) {
+  if (page_bytes_ == 0) return invalid_argument("map_pages: no virtual memory");
+  const auto start = reinterpret_cast<std::uintptr_t>(address);
+  if (bytes == 0 || bytes % page_bytes_ != 0 || start % page_bytes_ != 0) {
+    return invalid_argument("map_pages: not whole pages");
+  }
+  CUmemAccessDesc access{};
+  access.location = driver_->properties.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  std::lock_guard lock(pages_mutex_);
+  for (std::uintptr_t page = start; page < start + bytes; page += page_bytes_) {
+    CUmemGenericAllocationHandle handle = 0;
+    Status status = check_driver(driver_->create(&handle, page_bytes_, &driver_->properties, 0),
+                                 "cuMemCreate", ordinal_, page_bytes_);
+    if (status == Status::ok) {
+      status = check_driver(driver_->map(static_cast<CUdeviceptr>(page), page_bytes_, 0, handle, 0),
+                            "cuMemMap", ordinal_, page_bytes_);
+      if (status != Status::ok) (void)driver_->release(handle);
+    }
+    if (status == Status::ok) {
+      page_handles_.emplace(page, handle);
+      status =
+          check_driver(driver_->set_access(static_cast<CUdeviceptr>(page), page_bytes_, &access, 1),
+                       "cuMemSetAccess", ordinal_, page_bytes_);
+    }
+    if (status != Status::ok) {
+      for (std::uintptr_t mapped = start; mapped <= page; mapped += page_bytes_) {
+        const auto found = page_handles_.find(mapped);
+        if (found == page_handles_.end()) continue;
+        (void)driver_->unmap(static_cast<CUdeviceptr>(mapped), page_bytes_);
+        (void)driver_->release(static_cast<CUmemGenericAllocationHandle>(found->second));
+        page_handles_.erase(found);
+      }
+      return status;
+    }
+  }
+  return Status::ok;
+}
+
+Status CudaDevice::do_unmap_pages(void* address, std::size_t bytes) {
+  if (page_bytes_ == 0) return invalid_argument("unmap_pages: no virtual memory");
+  const auto start = reinterpret_cast<std::uintptr_t>(address);
+  if (bytes == 0 || bytes % page_bytes_ != 0 || start % page_bytes_ != 0) {
+    return invalid_argument("unmap_pages: not whole pages");
+  }
+  // As cudaFree: work still queued may touch the pages.
+  if (Status status = do_synchronize(); status != Status::ok) return status;
+  std::lock_guard lock(pages_mutex_);
+  for (std::uintptr_t page = start; page < start + bytes; page += page_bytes_) {
+    const auto found = page_handles_.find(page);
+    if (found == page_handles_.end()) return invalid_argument("unmap_pages: a page is not mapped");
+    Status status = check_driver(driver_->unmap(static_cast<CUdeviceptr>(page), page_bytes_),
+                                 "cuMemUnmap", ordinal_, page_bytes_);
+    if (status == Status::ok) {
+      status =
+          check_driver(driver_->release(static_cast<CUmemGenericAllocationHandle>(found->second)),
+                       "cuMemRelease", ordinal_, page_bytes_);
+    }
+    page_handles_.erase(found);
+    if (status != Status::ok) return status;
+  }
   return Status::ok;
 }
 

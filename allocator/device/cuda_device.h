@@ -21,10 +21,19 @@
 // It is compiled only when the CUDA toolkit is found (SPILLWAY_HAVE_CUDA); on a
 // machine without a driver, create() and probe() report why instead of failing
 // later.
+//
+// Virtual memory (page_bytes() and the page calls, Note [Virtual memory
+// pages] in device.cc) uses the driver's cuMemAddressReserve, cuMemCreate,
+// cuMemMap, cuMemSetAccess, cuMemUnmap and cuMemRelease, reached through
+// cudaGetDriverEntryPointByVersion so nothing links libcuda; one physical
+// allocation per page, so any page can be unmapped on its own. Where the
+// driver lacks them, page_bytes() is 0.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -50,19 +59,26 @@ class CudaDevice final : public Device {
   // (or by create/probe); what last_error() returns. Empty when none.
   static std::string thread_last_error();
 
-  ~CudaDevice() override = default;
+  ~CudaDevice() override;
   CudaDevice(const CudaDevice&) = delete;
   CudaDevice& operator=(const CudaDevice&) = delete;
 
   int ordinal() const { return ordinal_; }
 
  private:
-  CudaDevice(int ordinal, std::string name) : ordinal_(ordinal), name_(std::move(name)) {}
+  CudaDevice(int ordinal, std::string name);
+  // Finds the driver's virtual memory calls; leaves page_bytes_ 0 without them.
+  void load_virtual_memory();
 
   DeviceKind do_kind() const override { return DeviceKind::cuda; }
   std::string do_name() const override { return name_; }
   Status do_malloc(void** ptr, std::size_t bytes) override;
   Status do_free(void* ptr) override;
+  std::size_t do_page_bytes() const override { return page_bytes_; }
+  Status do_reserve_address_range(void** base, std::size_t bytes) override;
+  Status do_release_address_range(void* base, std::size_t bytes) override;
+  Status do_map_pages(void* address, std::size_t bytes) override;
+  Status do_unmap_pages(void* address, std::size_t bytes) override;
   Status do_host_malloc(void** ptr, std::size_t bytes) override;
   Status do_host_free(void* ptr) override;
   Status do_copy_async(void* dst, const void* src, std::size_t bytes, Stream stream) override;
@@ -83,6 +99,11 @@ class CudaDevice final : public Device {
 
   const int ordinal_;
   const std::string name_;  // "cuda:N <device name>"
+  struct DriverCalls;       // the driver entry points (cuda_device.cc)
+  std::unique_ptr<DriverCalls> driver_;
+  std::size_t page_bytes_ = 0;
+  std::mutex pages_mutex_;
+  std::map<std::uintptr_t, unsigned long long> page_handles_;  // mapped page -> its allocation
 };
 
 }  // namespace spillway

@@ -79,6 +79,25 @@ class Device {
   Status malloc(void** ptr, std::size_t bytes) { return do_malloc(ptr, bytes); }
   Status free(void* ptr) { return do_free(ptr); }
 
+  // Virtual memory: address space reserved without memory behind it, then
+  // backed page by page, so a segment can grow and shrink in place (Note
+  // [Virtual memory pages] in device.cc). page_bytes() is the page size, 0
+  // when the backend has none; then the other four return unavailable.
+  // Mapped pages count against the device's memory exactly like malloc.
+  std::size_t page_bytes() const { return do_page_bytes(); }
+  // `bytes` a multiple of page_bytes(). The range must be unmapped before
+  // it is released.
+  Status reserve_address_range(void** base, std::size_t bytes) {
+    return do_reserve_address_range(base, bytes);
+  }
+  Status release_address_range(void* base, std::size_t bytes) {
+    return do_release_address_range(base, bytes);
+  }
+  // Page-aligned ranges inside a reserved range; map_pages wants them
+  // unmapped, unmap_pages wants them mapped (by any earlier map_pages).
+  Status map_pages(void* address, std::size_t bytes) { return do_map_pages(address, bytes); }
+  Status unmap_pages(void* address, std::size_t bytes) { return do_unmap_pages(address, bytes); }
+
   // Page-locked host memory, the source and target of asynchronous copies.
   Status host_malloc(void** ptr, std::size_t bytes) { return do_host_malloc(ptr, bytes); }
   Status host_free(void* ptr) { return do_host_free(ptr); }
@@ -124,6 +143,12 @@ class Device {
   virtual std::string do_name() const = 0;
   virtual Status do_malloc(void** ptr, std::size_t bytes) = 0;
   virtual Status do_free(void* ptr) = 0;
+  // Backends without virtual memory keep these defaults (device.cc).
+  virtual std::size_t do_page_bytes() const { return 0; }
+  virtual Status do_reserve_address_range(void** base, std::size_t bytes);
+  virtual Status do_release_address_range(void* base, std::size_t bytes);
+  virtual Status do_map_pages(void* address, std::size_t bytes);
+  virtual Status do_unmap_pages(void* address, std::size_t bytes);
   virtual Status do_host_malloc(void** ptr, std::size_t bytes) = 0;
   virtual Status do_host_free(void* ptr) = 0;
   virtual Status do_copy_async(void* dst, const void* src, std::size_t bytes, Stream stream) = 0;

@@ -30,7 +30,10 @@
 // ever destroyed on a worker thread, which could otherwise have to join itself.
 #include "allocator/device/sim_device.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -164,6 +167,7 @@ SimDevice::~SimDevice() {
   for (auto& [ptr, bytes] : device_allocations_) std::free(const_cast<void*>(ptr));
   for (auto& [ptr, bytes] : quarantine_) std::free(ptr);
   for (auto& [ptr, bytes] : host_allocations_) std::free(ptr);
+  for (auto& [base, bytes] : address_ranges_) ::munmap(const_cast<void*>(base), bytes);
 }
 
 std::string SimDevice::do_name() const {
@@ -248,6 +252,151 @@ Status SimDevice::do_free(void* ptr) {
   return Status::ok;
 }
 
+std::string SimDevice::check_page_range(const char* call, const void* address,
+                                        std::size_t bytes) const {
+  const std::string what =
+      std::string(call) + " of " + std::to_string(bytes) + " bytes at " + pointer_text(address);
+  if (bytes == 0 || bytes % kPageBytes != 0 ||
+      reinterpret_cast<std::uintptr_t>(address) % kPageBytes != 0) {
+    return what + ": not whole pages of " + std::to_string(kPageBytes) + " bytes";
+  }
+  if (!range_in(address_ranges_, address, bytes)) {
+    return what + ": not inside one reserved address range";
+  }
+  return {};
+}
+
+Status SimDevice::do_reserve_address_range(void** base, std::size_t bytes) {
+  if (base == nullptr) return fail(Status::invalid_argument, "reserve_address_range: null output");
+  *base = nullptr;
+  if (bytes == 0 || bytes % kPageBytes != 0) {
+    return fail(Status::invalid_argument,
+                "reserve_address_range of " + std::to_string(bytes) + " bytes: not whole pages");
+  }
+  // Aligned to a page: reserve one page more and trim.
+  void* raw = ::mmap(nullptr, bytes + kPageBytes, PROT_NONE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (raw == MAP_FAILED) {
+    return fail(Status::out_of_memory, "reserve_address_range of " + std::to_string(bytes) +
+                                           " bytes: mmap: " + std::strerror(errno));
+  }
+  const auto start = reinterpret_cast<std::uintptr_t>(raw);
+  const std::uintptr_t aligned = round_up(start, kPageBytes);
+  if (aligned > start) ::munmap(raw, aligned - start);
+  const std::uintptr_t end = start + bytes + kPageBytes;
+  if (end > aligned + bytes)
+    ::munmap(reinterpret_cast<void*>(aligned + bytes), end - aligned - bytes);
+  std::lock_guard lock(memory_mutex_);
+  address_ranges_.emplace(reinterpret_cast<void*>(aligned), bytes);
+  *base = reinterpret_cast<void*>(aligned);
+  return Status::ok;
+}
+
+Status SimDevice::do_release_address_range(void* base, std::size_t bytes) {
+  std::lock_guard lock(memory_mutex_);
+  const auto found = address_ranges_.find(base);
+  if (found == address_ranges_.end() || found->second != bytes) {
+    return fail(Status::invalid_argument, "release_address_range of " + pointer_text(base) +
+                                              ": not a reserved range of " + std::to_string(bytes) +
+                                              " bytes");
+  }
+  const auto inside = mapped_ranges_.lower_bound(base);
+  if (inside != mapped_ranges_.end() &&
+      static_cast<const char*>(inside->first) < static_cast<const char*>(base) + bytes) {
+    return fail(Status::invalid_argument, "release_address_range of " + pointer_text(base) +
+                                              ": pages are still mapped in it");
+  }
+  ::munmap(base, bytes);
+  address_ranges_.erase(found);
+  return Status::ok;
+}
+
+Status SimDevice::do_map_pages(void* address, std::size_t bytes) {
+  if (consume_fault(malloc_fault_countdown_)) {
+    return fail(Status::injected_fault, "map_pages: injected fault");
+  }
+  // As cudaMalloc: map/unmap do not wait for streams, the caller orders them.
+  std::lock_guard lock(memory_mutex_);
+  if (std::string problem = check_page_range("map_pages", address, bytes); !problem.empty()) {
+    return fail(Status::invalid_argument, std::move(problem));
+  }
+  const auto begin = static_cast<const char*>(address);
+  auto after = mapped_ranges_.lower_bound(address);
+  const bool overlaps_next =
+      after != mapped_ranges_.end() && static_cast<const char*>(after->first) < begin + bytes;
+  const bool overlaps_prev =
+      after != mapped_ranges_.begin() &&
+      static_cast<const char*>(std::prev(after)->first) + std::prev(after)->second > begin;
+  if (overlaps_next || overlaps_prev) {
+    return fail(Status::invalid_argument, "map_pages of " + std::to_string(bytes) + " bytes at " +
+                                              pointer_text(address) + ": already mapped");
+  }
+  if (bytes > options_.capacity_bytes - used_bytes_) {
+    return fail(Status::out_of_memory, "map_pages of " + std::to_string(bytes) + " bytes: " +
+                                           std::to_string(options_.capacity_bytes - used_bytes_) +
+                                           " bytes free on the simulated device");
+  }
+  if (::mprotect(address, bytes, PROT_READ | PROT_WRITE) != 0) {
+    return fail(Status::out_of_memory, std::string("map_pages: mprotect: ") + std::strerror(errno));
+  }
+  used_bytes_ += bytes;
+  mapped_bytes_ += bytes;
+  // Join with the runs either side, so a copy may span pages mapped apart.
+  const void* run_begin = address;
+  std::size_t run_bytes = bytes;
+  if (after != mapped_ranges_.end() && after->first == begin + bytes) {
+    run_bytes += after->second;
+    after = mapped_ranges_.erase(after);
+  }
+  if (after != mapped_ranges_.begin()) {
+    auto before = std::prev(after);
+    if (static_cast<const char*>(before->first) + before->second == begin) {
+      before->second += run_bytes;
+      return Status::ok;
+    }
+  }
+  mapped_ranges_.emplace(run_begin, run_bytes);
+  return Status::ok;
+}
+
+Status SimDevice::do_unmap_pages(void* address, std::size_t bytes) {
+  std::lock_guard lock(memory_mutex_);
+  if (std::string problem = check_page_range("unmap_pages", address, bytes); !problem.empty()) {
+    return fail(Status::invalid_argument, std::move(problem));
+  }
+  auto run = mapped_ranges_.upper_bound(address);
+  if (run == mapped_ranges_.begin() || !range_in(mapped_ranges_, address, bytes)) {
+    return fail(Status::invalid_argument, "unmap_pages of " + std::to_string(bytes) + " bytes at " +
+                                              pointer_text(address) + ": not all mapped");
+  }
+  --run;
+  const auto begin = static_cast<const char*>(address);
+  const auto run_begin = static_cast<const char*>(run->first);
+  const auto run_end = run_begin + run->second;
+  // The memory goes back to the host, and a later use faults.
+  ::madvise(address, bytes, MADV_DONTNEED);
+  ::mprotect(address, bytes, PROT_NONE);
+  used_bytes_ -= bytes;
+  mapped_bytes_ -= bytes;
+  mapped_ranges_.erase(run);
+  if (run_begin < begin)
+    mapped_ranges_.emplace(run_begin, static_cast<std::size_t>(begin - run_begin));
+  if (begin + bytes < run_end) {
+    mapped_ranges_.emplace(begin + bytes, static_cast<std::size_t>(run_end - begin - bytes));
+  }
+  return Status::ok;
+}
+
+std::size_t SimDevice::mapped_bytes() const {
+  std::lock_guard lock(memory_mutex_);
+  return mapped_bytes_;
+}
+
+bool SimDevice::is_mapped(const void* ptr, std::size_t bytes) const {
+  std::lock_guard lock(memory_mutex_);
+  return range_in(mapped_ranges_, ptr, bytes);
+}
+
 Status SimDevice::do_host_malloc(void** ptr, std::size_t bytes) {
   if (ptr == nullptr) return fail(Status::invalid_argument, "host_malloc: null output pointer");
   *ptr = nullptr;
@@ -278,8 +427,13 @@ Status SimDevice::do_host_free(void* ptr) {
 }
 
 bool SimDevice::range_in_device_allocation(const void* ptr, std::size_t bytes) const {
-  auto after = device_allocations_.upper_bound(ptr);
-  if (after == device_allocations_.begin()) return false;
+  return range_in(device_allocations_, ptr, bytes) || range_in(mapped_ranges_, ptr, bytes);
+}
+
+bool SimDevice::range_in(const std::map<const void*, std::size_t>& ranges, const void* ptr,
+                         std::size_t bytes) {
+  auto after = ranges.upper_bound(ptr);
+  if (after == ranges.begin()) return false;
   const auto& [base, size] = *std::prev(after);
   const auto offset =
       static_cast<std::size_t>(static_cast<const char*>(ptr) - static_cast<const char*>(base));

@@ -6,6 +6,12 @@
 // Copies can be given a modelled bandwidth and latency; faults can be
 // injected (fail the Nth device malloc or host malloc, delay every copy); freed
 // device memory is poisoned so stale reads show.
+//
+// Virtual memory (Note [Virtual memory pages] in device.cc) is host address
+// space reserved PROT_NONE and made readable and writable page by page; a
+// mapped page counts against the capacity exactly like malloc, and an
+// unmapped one is handed back to the host (MADV_DONTNEED) and faults on use,
+// as on a GPU.
 #pragma once
 
 #include <atomic>
@@ -54,7 +60,13 @@ class SimDevice final : public Device {
   std::size_t allocation_size(const void* ptr) const;
   // True when ptr lies inside a live device allocation (for checks in tests).
   bool is_device_pointer(const void* ptr) const;
-  std::size_t used_bytes() const;
+  std::size_t used_bytes() const;  // malloc'd and mapped
+
+  static constexpr std::size_t kPageBytes = std::size_t{2} << 20;
+  // Bytes of pages mapped now, in all reserved ranges.
+  std::size_t mapped_bytes() const;
+  // True when every page of [ptr, ptr + bytes) is mapped.
+  bool is_mapped(const void* ptr, std::size_t bytes) const;
 
  private:
   class StreamQueue;
@@ -64,6 +76,11 @@ class SimDevice final : public Device {
   std::string do_name() const override;
   Status do_malloc(void** ptr, std::size_t bytes) override;
   Status do_free(void* ptr) override;
+  std::size_t do_page_bytes() const override { return kPageBytes; }
+  Status do_reserve_address_range(void** base, std::size_t bytes) override;
+  Status do_release_address_range(void* base, std::size_t bytes) override;
+  Status do_map_pages(void* address, std::size_t bytes) override;
+  Status do_unmap_pages(void* address, std::size_t bytes) override;
   Status do_host_malloc(void** ptr, std::size_t bytes) override;
   Status do_host_free(void* ptr) override;
   Status do_copy_async(void* dst, const void* src, std::size_t bytes, Stream stream) override;
@@ -88,6 +105,10 @@ class SimDevice final : public Device {
   EventState* find_event(Event event);
   CopyDirection classify_copy(void* dst, const void* src, std::size_t bytes, bool* in_bounds) const;
   bool range_in_device_allocation(const void* ptr, std::size_t bytes) const;
+  static bool range_in(const std::map<const void*, std::size_t>& ranges, const void* ptr,
+                       std::size_t bytes);
+  // Problem with a map/unmap of [address, address + bytes), or empty.
+  std::string check_page_range(const char* call, const void* address, std::size_t bytes) const;
   void run_copy(void* dst, const void* src, std::size_t bytes, CopyDirection direction,
                 std::uint64_t delay_ns);
   static bool consume_fault(std::atomic<std::uint64_t>& countdown);
@@ -102,6 +123,9 @@ class SimDevice final : public Device {
   std::map<const void*, std::size_t> device_allocations_;  // ordered: range lookups
   std::unordered_map<void*, std::size_t> host_allocations_;
   std::size_t used_bytes_ = 0;
+  std::map<const void*, std::size_t> address_ranges_;  // reserved: base -> bytes
+  std::map<const void*, std::size_t> mapped_ranges_;   // mapped runs, adjacent ones joined
+  std::size_t mapped_bytes_ = 0;
   // Freed, poisoned device blocks not yet returned to the host heap, so a
   // stale read sees the poison rather than undefined behaviour.
   std::deque<std::pair<void*, std::size_t>> quarantine_;

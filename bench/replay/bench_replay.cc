@@ -61,6 +61,7 @@ void register_replay(const std::filesystem::path& path) {
         }
         spillway::ReplayOptions options;
         options.chunk_size = spillway::Config{}.chunk_size;
+        options.expandable_segments = spillway::Config{}.expandable_segments;
         spillway::ReplayResult result;
         std::string error;
         for (auto _ : state) {

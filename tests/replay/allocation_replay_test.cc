@@ -107,7 +107,7 @@ TEST_P(replay_ShippedTrace, ReplaysConsistently) {
 
 INSTANTIATE_TEST_SUITE_P(Traces, replay_ShippedTrace,
                          ::testing::Values("gpt2_small_amp_fp16.csv", "gpt2_medium_bf16.csv",
-                                           "tiny_v1.trace"));
+                                           "gpt2_longctx_amp_fp16.csv", "tiny_v1.trace"));
 
 }  // namespace
 }  // namespace spillway

@@ -30,6 +30,7 @@ bool replay_allocations(const AllocationTrace& trace, const ReplayOptions& optio
   CachingAllocatorOptions allocator_options;
   allocator_options.budget_bytes = budget;
   allocator_options.large_slab_bytes = options.chunk_size;
+  allocator_options.expandable_segments = options.expandable_segments;
 
   struct Live {
     void* ptr;

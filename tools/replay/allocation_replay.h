@@ -23,6 +23,9 @@ struct ReplayOptions {
   std::size_t budget_bytes = 0;
   // Large-pool slab size, as the chunk_size option sets it.
   std::size_t chunk_size = 64'000'000;
+  // The expandable_segments option (Note [Expandable segments]); its
+  // default is the option's.
+  bool expandable_segments = true;
 };
 
 struct ReplayResult {

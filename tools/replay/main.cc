@@ -61,6 +61,9 @@ int main(int argc, char** argv) {
   app.add_option("--chunk-size", chunk_text, "large-pool slab size (the chunk_size option)")
       ->check(CLI::Validator(size_validator(&options.chunk_size), "SIZE"))
       ->capture_default_str();
+  app.add_option("--expandable-segments", options.expandable_segments,
+                 "the expandable_segments option: true or false")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (options.chunk_size == 0) {
     std::fprintf(stderr, "spillway-replay: --chunk-size must be positive\n");

@@ -7,7 +7,8 @@ pass that allocates every layer's activations (QKV, attention scores,
 softmax, dropout masks, MLP hidden, ...), a backward pass that allocates
 gradients and frees the saved activations in reverse layer order, gradient
 clipping, an Adam(W) step with its foreach temporaries, and zero_grad. The
-batch size changes part-way through the run.
+batch size changes part-way through the run; in the long-context trace the
+sequence length changes every step instead.
 
 The tensor list follows Hugging Face's GPT2LMHeadModel under torch 2.x; sizes
 are exact for the stated shapes and dtypes (fp16/bf16 = 2 bytes). Addresses
@@ -93,8 +94,10 @@ class Gpt2Run:
     (batch, heads, seq, seq) scores; "sdpa": flash attention (no scores).
     """
 
-    def __init__(self, trace, layers, d_model, heads, precision, attention):
+    def __init__(self, trace, layers, d_model, heads, precision, attention, max_seq=SEQ):
         self.t = trace
+        self.max_seq = max_seq  # wpe rows and the causal-mask buffers
+        self.seq = max_seq      # this step's sequence length (step())
         self.layers = layers
         self.d = d_model
         self.heads = heads
@@ -112,7 +115,7 @@ class Gpt2Run:
 
     def setup(self):
         d = self.d
-        shapes = [("wte", VOCAB * d), ("wpe", SEQ * d)]
+        shapes = [("wte", VOCAB * d), ("wpe", self.max_seq * d)]
         for layer in range(self.layers):
             p = f"h.{layer}."
             shapes += [
@@ -127,7 +130,7 @@ class Gpt2Run:
         for name, numel in shapes:  # model.to("cuda")
             self.params.append((name, numel, self.t.alloc(numel * self.param_bytes)))
         if self.eager:  # the causal-mask buffer each attention layer registers
-            self.mask_buffers = [self.t.alloc(SEQ * SEQ * BOOL) for _ in range(self.layers)]
+            self.mask_buffers = [self.t.alloc(self.max_seq * self.max_seq * BOOL) for _ in range(self.layers)]
         if not self.amp:  # the optimizer's fp32 master weights
             self.master = [self.t.alloc(numel * FP32) for _, numel, _ in self.params]
 
@@ -140,9 +143,10 @@ class Gpt2Run:
 
     # ---- one step ----
 
-    def step(self, batch):
+    def step(self, batch, seq=None):
         t = self.t
-        bs = batch * SEQ
+        self.seq = self.max_seq if seq is None else seq
+        bs = batch * self.seq
         input_ids = t.alloc(bs * INT64)
         labels = t.alloc(bs * INT64)
         self.grads = {}
@@ -168,11 +172,11 @@ class Gpt2Run:
 
     def forward(self, batch):
         t, d = self.t, self.d
-        bs = batch * SEQ
+        bs = batch * self.seq
         rb = self.resid_bytes
-        position_ids = t.alloc(SEQ * INT64)
+        position_ids = t.alloc(self.seq * INT64)
         tok = t.alloc(bs * d * rb)
-        pos = t.alloc(SEQ * d * rb)
+        pos = t.alloc(self.seq * d * rb)
         h = t.alloc(bs * d * rb)
         t.free_all([tok, pos, position_ids])
         x = t.alloc(bs * d * rb)  # embedding dropout
@@ -195,7 +199,7 @@ class Gpt2Run:
         else:
             lnf["h16"] = out
         logits = t.alloc(bs * VOCAB * HALF)
-        rows = batch * (SEQ - 1)
+        rows = batch * (self.seq - 1)
         loss_saved = {}
         if self.amp:
             shift = t.alloc(rows * VOCAB * HALF)
@@ -224,9 +228,9 @@ class Gpt2Run:
 
     def layer_forward(self, batch, layer, x_in):
         t, d, heads = self.t, self.d, self.heads
-        bs = batch * SEQ
+        bs = batch * self.seq
         rb = self.resid_bytes
-        scores = batch * heads * SEQ * SEQ
+        scores = batch * heads * self.seq * self.seq
         s = {"x_in": x_in}
         # ln_1 then c_attn (Conv1D: addmm).
         s["ln1_mean"], s["ln1_rstd"] = t.alloc(bs * FP32), t.alloc(bs * FP32)
@@ -269,7 +273,7 @@ class Gpt2Run:
             # Flash attention wants contiguous (batch, heads, seq, head_dim).
             s["q"], s["k"], s["v"] = (t.alloc(bs * d * HALF) for _ in range(3))
             s["ctx"] = t.alloc(bs * d * HALF)
-            s["lse"] = t.alloc(batch * heads * SEQ * FP32)
+            s["lse"] = t.alloc(batch * heads * self.seq * FP32)
             s["rng"] = t.alloc(16)
             s["merged"] = t.alloc(bs * d * HALF)
         t.free(qkv)  # q, k, v were views of it; the copies are what is saved
@@ -328,9 +332,9 @@ class Gpt2Run:
 
     def backward(self, batch, saved_layers, loss_saved):
         t, d = self.t, self.d
-        bs = batch * SEQ
+        bs = batch * self.seq
         rb = self.resid_bytes
-        rows = batch * (SEQ - 1)
+        rows = batch * (self.seq - 1)
         one = t.alloc(FP32)  # grad of the (scaled) loss
         if self.amp:
             g_loss = t.alloc(FP32)
@@ -368,7 +372,7 @@ class Gpt2Run:
 
         g_h = t.alloc(bs * d * rb)  # embedding dropout backward
         t.free_all([g_x, self.emb_mask])
-        g_pos = t.alloc(SEQ * d * rb)  # sum over the batch for wpe
+        g_pos = t.alloc(self.seq * d * rb)  # sum over the batch for wpe
         sort_keys, sort_idx = t.alloc(bs * INT64), t.alloc(bs * INT64)
         dense = t.alloc(VOCAB * d * self.param_bytes)  # embedding_dense_backward
         t.free_all([sort_keys, sort_idx])
@@ -378,9 +382,9 @@ class Gpt2Run:
 
     def layer_backward(self, batch, layer, s, g_x2):
         t, d, heads = self.t, self.d, self.heads
-        bs = batch * SEQ
+        bs = batch * self.seq
         rb = self.resid_bytes
-        scores = batch * heads * SEQ * SEQ
+        scores = batch * heads * self.seq * self.seq
         p = f"h.{layer}."
 
         def linear_backward(g_out, saved_input, saved_weight, in_features, weight, bias):
@@ -439,7 +443,7 @@ class Gpt2Run:
             g_q, g_k = t.alloc(bs * d * HALF), t.alloc(bs * d * HALF)
             t.free_all([g_scores, s["q"], s["k"]])
         else:
-            delta = t.alloc(batch * heads * SEQ * FP32)  # flash backward workspace
+            delta = t.alloc(batch * heads * self.seq * FP32)  # flash backward workspace
             g_q, g_k, g_v = (t.alloc(bs * d * HALF) for _ in range(3))
             t.free_all([delta, g_merged, s["q"], s["k"], s["v"], s["ctx"], s["lse"], s["rng"]])
         g_qkv = t.alloc(bs * 3 * d * HALF)  # split backward: cat
@@ -486,13 +490,14 @@ class Gpt2Run:
         t.free_all(small)
 
 
-def make_trace(name, layers, d_model, heads, precision, attention, batches):
+def make_trace(name, layers, d_model, heads, precision, attention, batches, seqs=None):
     trace = Trace(name)
-    run = Gpt2Run(trace, layers, d_model, heads, precision, attention)
+    max_seq = max(seqs) if seqs else SEQ
+    run = Gpt2Run(trace, layers, d_model, heads, precision, attention, max_seq)
     run.setup()
     setup_live = dict(trace.live)
-    for batch in batches:
-        run.step(batch)
+    for step, batch in enumerate(batches):
+        run.step(batch, seqs[step] if seqs else None)
     # Everything a step allocated is gone at its end, except the optimizer state.
     state = {p for pair in run.optimizer_state for p in pair}
     leaked = set(trace.live) - set(setup_live) - state
@@ -507,6 +512,16 @@ TRACES = [
     # GPT-2 medium, bf16 with fp32 master weights and flash attention; batch
     # shrinks from 4 to 3 (e.g. fewer sequences fit after a length change).
     ("gpt2_medium_bf16", 24, 1024, 16, "bf16", "sdpa", [4, 4, 3, 3]),
+]
+
+# Long-context full steps: (file name, layers, d_model, heads, precision,
+# attention, batch per step, sequence length per step). Eager attention at
+# long, varying lengths: each layer's (batch, heads, seq, seq) score buffers
+# are hundreds of MB and change size every step, as with packed or
+# length-bucketed long documents.
+LONG_CONTEXT_TRACES = [
+    ("gpt2_longctx_amp_fp16", 12, 768, 12, "amp", "eager", [1, 1, 1, 1, 1],
+     [3072, 4096, 2560, 3584, 4096]),
 ]
 
 
@@ -660,8 +675,9 @@ def main():
         write_v3_sample(args.v3_sample)
         return
     os.makedirs(args.out, exist_ok=True)
-    for name, layers, d_model, heads, precision, attention, batches in TRACES:
-        trace = make_trace(name, layers, d_model, heads, precision, attention, batches)
+    runs = [run + (None,) for run in TRACES] + LONG_CONTEXT_TRACES
+    for name, layers, d_model, heads, precision, attention, batches, seqs in runs:
+        trace = make_trace(name, layers, d_model, heads, precision, attention, batches, seqs)
         path = os.path.join(args.out, name + ".csv")
         trace.write(path)
         allocs = sum(1 for line in trace.lines if line.startswith("alloc"))

@@ -62,6 +62,7 @@ TEST(ConfigParse, DefaultsMatchTheDesign) {
   EXPECT_EQ(config.policy, EvictionPolicyKind::planned);
   EXPECT_EQ(config.warmup_steps, 1);
   EXPECT_TRUE(config.prefetch);
+  EXPECT_TRUE(config.expandable_segments);
   EXPECT_EQ(config.trace, "");
   EXPECT_EQ(config.cupti, CuptiMode::auto_select);
   EXPECT_FALSE(config.strict_residency);
@@ -73,10 +74,10 @@ TEST(ConfigParse, DefaultsMatchTheDesign) {
 TEST(ConfigTable, KeysAreTheDesignedOnesInOrder) {
   std::vector<std::string> names;
   for (const OptionInfo& info : option_table()) names.emplace_back(info.name);
-  EXPECT_THAT(names,
-              ::testing::ElementsAre("device", "device_budget", "host_budget", "chunk_size",
-                                     "policy", "warmup_steps", "prefetch", "trace", "cupti",
-                                     "strict_residency", "sim_capacity", "sim_bandwidth", "log"));
+  EXPECT_THAT(names, ::testing::ElementsAre("device", "device_budget", "host_budget", "chunk_size",
+                                            "expandable_segments", "policy", "warmup_steps",
+                                            "prefetch", "trace", "cupti", "strict_residency",
+                                            "sim_capacity", "sim_bandwidth", "log"));
 }
 
 TEST(ConfigTable, EveryRowIsDocumented) {
@@ -175,6 +176,8 @@ INSTANTIATE_TEST_SUITE_P(
         KeyCase{"warmup_steps:1000", [](const Config& c) { return c.warmup_steps == 1000; }},
         KeyCase{"warmup_steps:007", [](const Config& c) { return c.warmup_steps == 7; }},
         KeyCase{"prefetch:OFF", [](const Config& c) { return !c.prefetch; }},
+        KeyCase{"expandable_segments:false",
+                [](const Config& c) { return !c.expandable_segments; }},
         KeyCase{"trace:/tmp/run: 1/trace.json",
                 [](const Config& c) { return c.trace == "/tmp/run: 1/trace.json"; }},
         KeyCase{"cupti:on", [](const Config& c) { return c.cupti == CuptiMode::on; }},
@@ -322,6 +325,7 @@ TEST(ConfigErrors, EveryKeyRejectsBadValues) {
       {"policy", {"", "fifo", "plan"}},
       {"warmup_steps", {"", "-1", "+1", "1001", "1.0", "99999999999999999999", "one", "1 0"}},
       {"prefetch", {"", "maybe"}},
+      {"expandable_segments", {"", "True1", "enabled"}},
       {"cupti", {"", "true", "yes"}},
       {"strict_residency", {"", "2"}},
       {"sim_capacity", {"", "4GBB", "-4GB", "4 G", "9223372036854775808", "8388608TiB", "NaN"}},
@@ -349,7 +353,8 @@ TEST(ConfigErrors, FirstErrorWinsAndNoConfigComesWithIt) {
 
 TEST(ConfigFormat, DefaultsFormatInTableOrder) {
   EXPECT_EQ(format_config(Config{}),
-            "device:auto,device_budget:0.9,host_budget:0.5,chunk_size:64000000B,policy:planned,"
+            "device:auto,device_budget:0.9,host_budget:0.5,chunk_size:64000000B,"
+            "expandable_segments:true,policy:planned,"
             "warmup_steps:1,prefetch:true,trace:,cupti:auto,strict_residency:false,"
             "sim_capacity:4000000000B,sim_bandwidth:instant,log:warn");
 }

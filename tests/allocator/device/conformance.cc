@@ -127,6 +127,57 @@ TEST_P(DeviceConformance, MemoryInfoTracksAllocations) {
       << "a 64 MiB allocation should lower free memory by about 64 MiB";
 }
 
+// Note [Virtual memory pages]: pages map into a reserved range, hold data
+// across page boundaries, count in memory_info, and unmap one by one.
+TEST_P(DeviceConformance, VirtualMemoryPagesMapHoldDataAndUnmap) {
+  const std::size_t page = device_->page_bytes();
+  if (page == 0) GTEST_SKIP() << "no virtual memory on this device";
+  void* base = nullptr;
+  ASSERT_OK(device_->reserve_address_range(&base, 8 * page));
+  ASSERT_NE(base, nullptr);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(base) % page, 0u);
+  MemoryInfo before, mapped, after;
+  ASSERT_OK(device_->memory_info(&before));
+  ASSERT_OK(device_->map_pages(base, page));
+  void* second = static_cast<char*>(base) + page;
+  ASSERT_OK(device_->map_pages(second, page));  // mapped apart, used as one range
+  ASSERT_OK(device_->memory_info(&mapped));
+  EXPECT_LE(mapped.free_bytes + 2 * page, before.free_bytes + (std::size_t{8} << 20));
+
+  // A copy across the boundary of the two mappings round-trips.
+  const std::size_t bytes = page + 4096;
+  void* start = static_cast<char*>(base) + page / 2;
+  const auto source = random_bytes(bytes, 7);
+  HostBuffer pinned_in(*device_, bytes), pinned_out(*device_, bytes);
+  std::memcpy(pinned_in.bytes(), source.data(), bytes);
+  pinned_out.fill(0);
+  Stream stream;
+  ASSERT_OK(device_->create_stream(&stream));
+  ASSERT_OK(device_->copy_async(start, pinned_in.bytes(), bytes, stream));
+  ASSERT_OK(device_->copy_async(pinned_out.bytes(), start, bytes, stream));
+  ASSERT_OK(device_->synchronize_stream(stream));
+  EXPECT_EQ(std::memcmp(pinned_out.bytes(), source.data(), bytes), 0);
+  ASSERT_OK(device_->destroy_stream(stream));
+
+  ASSERT_OK(device_->unmap_pages(second, page));
+  ASSERT_OK(device_->unmap_pages(base, page));
+  ASSERT_OK(device_->memory_info(&after));
+  EXPECT_LE(before.free_bytes, after.free_bytes + (std::size_t{8} << 20));
+  ASSERT_OK(device_->release_address_range(base, 8 * page));
+}
+
+TEST_P(DeviceConformance, VirtualMemoryRejectsPartialPages) {
+  const std::size_t page = device_->page_bytes();
+  if (page == 0) GTEST_SKIP() << "no virtual memory on this device";
+  void* base = nullptr;
+  EXPECT_EQ(device_->reserve_address_range(&base, page + 1), Status::invalid_argument);
+  ASSERT_OK(device_->reserve_address_range(&base, 2 * page));
+  EXPECT_EQ(device_->map_pages(base, page / 2), Status::invalid_argument);
+  EXPECT_EQ(device_->map_pages(static_cast<char*>(base) + 512, page), Status::invalid_argument);
+  EXPECT_FALSE(device_->last_error().empty());
+  ASSERT_OK(device_->release_address_range(base, 2 * page));
+}
+
 TEST_P(DeviceConformance, CopiesRoundTripBitExact) {
   const std::size_t bytes = (std::size_t{3} << 20) + 123;
   const auto source = random_bytes(bytes, 1);

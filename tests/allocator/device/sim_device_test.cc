@@ -150,5 +150,75 @@ TEST(SimDevice, NameSaysSimAndCapacity) {
   EXPECT_EQ(device.name(), "sim (2.00 GiB)");
 }
 
+// Note [Virtual memory pages]: mapped pages count against the capacity like
+// malloc, and unmapped ones free it again.
+TEST(SimDeviceVirtualMemory, MappedPagesShareTheCapacityWithMalloc) {
+  constexpr std::size_t kPage = SimDevice::kPageBytes;
+  SimDeviceOptions options;
+  options.capacity_bytes = 4 * kPage;
+  SimDevice device(options);
+  void* base = nullptr;
+  ASSERT_EQ(device.reserve_address_range(&base, 16 * kPage), Status::ok);
+  EXPECT_EQ(device.used_bytes(), 0u) << "address space alone holds no memory";
+  ASSERT_EQ(device.map_pages(base, 3 * kPage), Status::ok);
+  EXPECT_EQ(device.used_bytes(), 3 * kPage);
+  EXPECT_EQ(device.mapped_bytes(), 3 * kPage);
+  EXPECT_TRUE(device.is_mapped(base, 3 * kPage));
+  EXPECT_TRUE(device.is_device_pointer(static_cast<char*>(base) + kPage));
+  void* block = nullptr;
+  EXPECT_EQ(device.malloc(&block, 2 * kPage), Status::out_of_memory);
+  char* fourth = static_cast<char*>(base) + 3 * kPage;
+  EXPECT_EQ(device.map_pages(fourth, 2 * kPage), Status::out_of_memory);
+  ASSERT_EQ(device.map_pages(fourth, kPage), Status::ok);
+  std::memset(base, 0x5A, 4 * kPage);  // all four pages are real memory
+  // Unmapping the middle leaves two runs; its memory counts as free again.
+  char* second = static_cast<char*>(base) + kPage;
+  ASSERT_EQ(device.unmap_pages(second, 2 * kPage), Status::ok);
+  EXPECT_EQ(device.used_bytes(), 2 * kPage);
+  EXPECT_FALSE(device.is_mapped(second, 1));
+  EXPECT_FALSE(device.is_device_pointer(second));
+  EXPECT_TRUE(device.is_mapped(base, kPage));
+  EXPECT_TRUE(device.is_mapped(fourth, kPage));
+  ASSERT_EQ(device.malloc(&block, 2 * kPage), Status::ok);
+  EXPECT_EQ(device.free(block), Status::ok);
+  ASSERT_EQ(device.unmap_pages(base, kPage), Status::ok);
+  ASSERT_EQ(device.unmap_pages(fourth, kPage), Status::ok);
+  EXPECT_EQ(device.mapped_bytes(), 0u);
+  EXPECT_EQ(device.release_address_range(base, 16 * kPage), Status::ok);
+}
+
+TEST(SimDeviceVirtualMemory, MisuseIsRejectedWithItsReason) {
+  constexpr std::size_t kPage = SimDevice::kPageBytes;
+  SimDevice device;
+  void* base = nullptr;
+  ASSERT_EQ(device.reserve_address_range(&base, 4 * kPage), Status::ok);
+  char* start = static_cast<char*>(base);
+  ASSERT_EQ(device.map_pages(start, 2 * kPage), Status::ok);
+  EXPECT_EQ(device.map_pages(start + kPage, 2 * kPage), Status::invalid_argument);
+  EXPECT_NE(device.last_error().find("already mapped"), std::string::npos) << device.last_error();
+  EXPECT_EQ(device.unmap_pages(start + 2 * kPage, kPage), Status::invalid_argument);
+  EXPECT_NE(device.last_error().find("not all mapped"), std::string::npos) << device.last_error();
+  EXPECT_EQ(device.map_pages(start + 3 * kPage, 2 * kPage), Status::invalid_argument);
+  EXPECT_NE(device.last_error().find("reserved"), std::string::npos) << device.last_error();
+  EXPECT_EQ(device.release_address_range(base, 4 * kPage), Status::invalid_argument);
+  EXPECT_NE(device.last_error().find("still mapped"), std::string::npos) << device.last_error();
+  EXPECT_EQ(device.release_address_range(base, 2 * kPage), Status::invalid_argument);
+  ASSERT_EQ(device.unmap_pages(start, 2 * kPage), Status::ok);
+  EXPECT_EQ(device.release_address_range(base, 4 * kPage), Status::ok);
+}
+
+TEST(SimDeviceVirtualMemory, MapPagesCountsAsAMallocForFaultInjection) {
+  constexpr std::size_t kPage = SimDevice::kPageBytes;
+  SimDevice device;
+  void* base = nullptr;
+  ASSERT_EQ(device.reserve_address_range(&base, 2 * kPage), Status::ok);
+  device.fail_nth_malloc(1);
+  EXPECT_EQ(device.map_pages(base, kPage), Status::injected_fault);
+  EXPECT_EQ(device.used_bytes(), 0u);
+  ASSERT_EQ(device.map_pages(base, kPage), Status::ok);
+  ASSERT_EQ(device.unmap_pages(base, kPage), Status::ok);
+  EXPECT_EQ(device.release_address_range(base, 2 * kPage), Status::ok);
+}
+
 }  // namespace
 }  // namespace spillway
