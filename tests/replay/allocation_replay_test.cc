@@ -36,6 +36,24 @@ TEST(replay_Replay, CountsAndPeaks) {
   EXPECT_EQ(result.stats.allocated_bytes.current, 0);
 }
 
+// An empty_cache event gives the cached segment back before the larger
+// request, so the two segments are never reserved at once.
+TEST(replay_Replay, EmptyCacheReturnsCachedSegments) {
+  const char* kept = "alloc,1,20000000\nfree,1\nalloc,2,60000000\nfree,2\n";
+  const char* emptied = "alloc,1,20000000\nfree,1\nempty_cache\nalloc,2,60000000\nfree,2\n";
+  ReplayResult with_cache, without_cache;
+  std::string error;
+  ASSERT_TRUE(replay_allocations(csv(kept), {}, &with_cache, &error)) << error;
+  ASSERT_TRUE(replay_allocations(csv(emptied), {}, &without_cache, &error)) << error;
+  EXPECT_EQ(with_cache.cache_releases, 0u);
+  EXPECT_EQ(without_cache.cache_releases, 1u);
+  EXPECT_EQ(without_cache.allocs, 2u);
+  EXPECT_EQ(without_cache.frees, 2u);
+  EXPECT_GE(with_cache.peak_reserved_bytes(), 80'000'000);
+  EXPECT_LT(without_cache.peak_reserved_bytes(), 80'000'000);
+  EXPECT_GE(without_cache.peak_reserved_bytes(), 60'000'000);
+}
+
 TEST(replay_Replay, AllocOfALiveAddressIsAnErrorNamingBothLines) {
   const AllocationTrace trace = csv("alloc,1,100\nalloc,2,100\nalloc,1,100\n");
   ReplayResult result;

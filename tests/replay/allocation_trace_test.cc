@@ -40,6 +40,16 @@ TEST(replay_Csv, ReadsTheDocumentedColumns) {
   EXPECT_EQ(result.trace.where(events[1]), "line 5");
 }
 
+TEST(replay_Csv, EmptyCacheNeedsNoPtrOrSize) {
+  const auto result =
+      parse_allocation_csv("alloc,0x1,10\nempty_cache,,,,50\nempty_cache\n", "t.csv");
+  ASSERT_TRUE(result.ok()) << result.error;
+  ASSERT_EQ(result.trace.events.size(), 3u);
+  EXPECT_EQ(result.trace.events[1].kind, Kind::release_cache);
+  EXPECT_EQ(result.trace.events[1].time_ns, 50u);
+  EXPECT_EQ(result.trace.events[2].kind, Kind::release_cache);
+}
+
 TEST(replay_Csv, HeaderIsOptionalAndMayReorderColumns) {
   auto result = parse_allocation_csv("alloc,0x10,100\nfree,0x10\n", "t.csv");
   ASSERT_TRUE(result.ok()) << result.error;

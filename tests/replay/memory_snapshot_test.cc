@@ -82,7 +82,7 @@ TEST(replay_Snapshot, EventsComeInOrderWithBlocksLiveBeforeTheTraceFirst) {
   EXPECT_EQ(trace.format, AllocationTrace::Format::snapshot);
   EXPECT_EQ(trace.snapshot_entries, 9u);
   EXPECT_EQ(trace.blocks_live_before_trace, 2u);
-  ASSERT_EQ(trace.events.size(), 5u);
+  ASSERT_EQ(trace.events.size(), 6u);
   // B (freed in the history) first, then A (live in the segments), both at
   // the first replayed event's time.
   const AllocationEvent& b = trace.events[0];
@@ -105,6 +105,11 @@ TEST(replay_Snapshot, EventsComeInOrderWithBlocksLiveBeforeTheTraceFirst) {
   EXPECT_EQ(trace.events[4].kind, Kind::free);
   EXPECT_EQ(trace.events[4].time_ns, 16'000u);
   EXPECT_EQ(trace.where(trace.events[4]), "device_traces[0][6]");
+  // The segment PyTorch gave back: the program emptied the cache there
+  // (Note [Cache releases in a snapshot]).
+  EXPECT_EQ(trace.events[5].kind, Kind::release_cache);
+  EXPECT_EQ(trace.events[5].time_ns, 17'000u);
+  EXPECT_EQ(trace.where(trace.events[5]), "device_traces[0][7]");
   // Reserved: 20 MiB at the end, so 20 at the start, 22 at the peak.
   // Allocated: A and B (rounded) at the start is the peak.
   EXPECT_EQ(trace.recorded_peak_reserved_bytes, 22u * kMiB);
@@ -117,6 +122,7 @@ TEST(replay_Snapshot, EventsComeInOrderWithBlocksLiveBeforeTheTraceFirst) {
   ASSERT_TRUE(replay_allocations(trace, {}, &replay, &error)) << error;
   EXPECT_EQ(replay.unmatched_frees, 0u);
   EXPECT_EQ(replay.allocs, 3u);
+  EXPECT_EQ(replay.cache_releases, 1u);
 }
 
 TEST(replay_Snapshot, WithoutCompletedFreesTheRequestedOnesAreReplayed) {
@@ -277,7 +283,7 @@ class replay_GeneratedSnapshot : public ::testing::Test {
     const AllocationTrace& trace = loaded.trace;
     EXPECT_EQ(trace.format, AllocationTrace::Format::snapshot);
     ASSERT_EQ(trace.events.size(), want.trace.events.size());
-    std::uint64_t allocs = 0;
+    std::uint64_t allocs = 0, frees = 0, releases = 0;
     for (std::size_t i = 0; i < trace.events.size(); ++i) {
       const AllocationEvent& got = trace.events[i];
       const AllocationEvent& e = want.trace.events[i];
@@ -286,12 +292,15 @@ class replay_GeneratedSnapshot : public ::testing::Test {
           << "event " << i << " (" << trace.where(got) << ") differs from " << want.trace.where(e)
           << " of " << name << ".events.csv";
       allocs += got.kind == Kind::alloc;
+      frees += got.kind == Kind::free;
+      releases += got.kind == Kind::release_cache;
     }
     const auto keys = expected(name);
     ASSERT_FALSE(keys.empty());
     EXPECT_EQ(trace.snapshot_entries, keys.at("entries"));
     EXPECT_EQ(allocs, keys.at("allocs"));
-    EXPECT_EQ(trace.events.size() - allocs, keys.at("frees"));
+    EXPECT_EQ(frees, keys.at("frees"));
+    EXPECT_EQ(releases, keys.at("cache_releases"));
     EXPECT_EQ(trace.blocks_live_before_trace, keys.at("blocks_live_before_trace"));
     EXPECT_EQ(trace.recorded_peak_reserved_bytes, keys.at("native_peak_reserved_bytes"));
     EXPECT_EQ(trace.recorded_peak_allocated_bytes, keys.at("native_peak_allocated_bytes"));
@@ -302,6 +311,7 @@ class replay_GeneratedSnapshot : public ::testing::Test {
     ASSERT_TRUE(replay_allocations(trace, {}, &replay, &error)) << error;
     EXPECT_EQ(replay.unmatched_frees, 0u);
     EXPECT_EQ(replay.failed_allocs, 0u);
+    EXPECT_EQ(replay.cache_releases, releases);
   }
 
   static inline std::filesystem::path dir_;

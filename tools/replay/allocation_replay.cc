@@ -52,6 +52,11 @@ bool replay_allocations(const AllocationTrace& trace, const ReplayOptions& optio
       return it->second;
     };
     for (const AllocationEvent& event : trace.events) {
+      if (event.kind == AllocationEvent::Kind::release_cache) {
+        ++result->cache_releases;
+        allocator.empty_cache();
+        continue;
+      }
       if (event.kind == AllocationEvent::Kind::alloc) {
         if (const auto it = live.find(event.address); it != live.end()) {
           *error = trace.where(event) + ": alloc of address " + std::to_string(event.address) +

@@ -33,6 +33,7 @@ struct ReplayResult {
   std::uint64_t frees = 0;
   std::uint64_t failed_allocs = 0;    // out of memory in the replay
   std::uint64_t unmatched_frees = 0;  // frees of addresses the trace never allocated
+  std::uint64_t cache_releases = 0;   // release_cache events: empty_cache() calls
   // Peak of the live requested bytes, before the allocator's rounding.
   std::uint64_t peak_requested_bytes = 0;
   Stats stats;  // the allocator's, at the end of the replay (peaks included)

@@ -145,20 +145,26 @@ AllocationTraceResult parse_allocation_csv(std::string_view text, const std::str
       event.kind = AllocationEvent::Kind::alloc;
     } else if (action == "free") {
       event.kind = AllocationEvent::Kind::free;
+    } else if (action == "empty_cache") {
+      event.kind = AllocationEvent::Kind::release_cache;
     } else {
-      return fail("unknown action '" + std::string(field(kAction)) + "' (expected alloc or free)");
+      return fail("unknown action '" + std::string(field(kAction)) +
+                  "' (expected alloc, free or empty_cache)");
     }
-    const auto address = parse_u64(field(kPtr), true);
-    if (!address)
-      return fail("bad ptr '" + std::string(field(kPtr)) + "' (expected 0x<hex> or a decimal id)");
-    event.address = *address;
-    const std::string_view size_text = field(kSize);
-    if (size_text.empty() && event.kind == AllocationEvent::Kind::alloc)
-      return fail("alloc without a size");
-    if (!size_text.empty()) {
-      const auto size = parse_u64(size_text, false);
-      if (!size) return fail("bad size '" + std::string(size_text) + "' (expected a byte count)");
-      event.size = *size;
+    if (event.kind != AllocationEvent::Kind::release_cache) {  // its ptr and size are ignored
+      const auto address = parse_u64(field(kPtr), true);
+      if (!address)
+        return fail("bad ptr '" + std::string(field(kPtr)) +
+                    "' (expected 0x<hex> or a decimal id)");
+      event.address = *address;
+      const std::string_view size_text = field(kSize);
+      if (size_text.empty() && event.kind == AllocationEvent::Kind::alloc)
+        return fail("alloc without a size");
+      if (!size_text.empty()) {
+        const auto size = parse_u64(size_text, false);
+        if (!size) return fail("bad size '" + std::string(size_text) + "' (expected a byte count)");
+        event.size = *size;
+      }
     }
     if (const std::string_view stream_text = field(kStream); !stream_text.empty()) {
       const auto stream = parse_u64(stream_text, true);

@@ -8,8 +8,10 @@
 //   alloc,0x7f3a00000000,3145728,0,1000
 //   free,0x7f3a00000000,3145728,0,2000
 //
-// `action` is alloc or free; `ptr` a hex (0x...) or decimal id that pairs a
-// free with its alloc; `size` bytes (may be empty for free); `stream` and
+// `action` is alloc, free or empty_cache (the program returned the cache's
+// free memory to the device, as torch.cuda.empty_cache() does; its ptr and
+// size are ignored); `ptr` a hex (0x...) or decimal id that pairs a free with
+// its alloc; `size` bytes (may be empty for free); `stream` and
 // `time_ns` optional (default 0). The header line is optional; when present
 // its column names may come in any order. Blank lines and lines starting
 // with '#' are skipped. Every error names the line (CSV) or byte offset
@@ -26,7 +28,9 @@
 namespace spillway {
 
 struct AllocationEvent {
-  enum class Kind : std::uint8_t { alloc, free };
+  // release_cache: the program emptied the allocator's cache here (Note
+  // [Cache releases in a snapshot] in memory_snapshot.h).
+  enum class Kind : std::uint8_t { alloc, free, release_cache };
   Kind kind = Kind::alloc;
   std::uint64_t address = 0;
   std::uint64_t size = 0;

@@ -88,11 +88,11 @@ int main(int argc, char** argv) {
   const spillway::AllocationTrace& trace = loaded.trace;
   const bool binary = trace.format == Format::binary;
   const bool snapshot = trace.format == Format::snapshot;
-  fmt::print("trace: {} ({}, {} allocs, {} frees)\n", trace_path,
+  fmt::print("trace: {} ({}, {} allocs, {} frees, {} cache releases)\n", trace_path,
              binary     ? "spillway trace file"
              : snapshot ? fmt::format("PyTorch memory snapshot, device {}", trace.snapshot_device)
                         : "csv",
-             result.allocs, result.frees);
+             result.allocs, result.frees, result.cache_releases);
   if (snapshot)
     fmt::print("snapshot: {} trace entries, {} blocks live before the trace began\n",
                trace.snapshot_entries, trace.blocks_live_before_trace);

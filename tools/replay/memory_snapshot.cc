@@ -249,6 +249,17 @@ AllocationTraceResult allocation_trace_from_snapshot(const PickleDocument& snaps
       if (!add_checked(&reserved_change, grows ? delta : -delta)) return overflow(entry_path(k));
       max_reserved_change = std::max(max_reserved_change, reserved_change);
       min_reserved_change = std::min(min_reserved_change, reserved_change);
+      // Note [Cache releases in a snapshot]: one release per run of them.
+      const bool releases = action == "segment_free" || action == "segment_unmap";
+      if (releases && (body.empty() || body.back().kind != AllocationEvent::Kind::release_cache)) {
+        std::int64_t time_us;
+        if (!fields.integer_or(entry, "time_us", entry_path(k), 0, &time_us)) return fail();
+        AllocationEvent release;
+        release.kind = AllocationEvent::Kind::release_cache;
+        release.time_ns = static_cast<std::uint64_t>(std::max<std::int64_t>(time_us, 0)) * 1000;
+        release.location = k;
+        body.push_back(release);
+      }
     } else if (action == "oom") {
       ++trace.recorded_ooms;
     }
@@ -261,7 +272,12 @@ AllocationTraceResult allocation_trace_from_snapshot(const PickleDocument& snaps
   const std::vector<PickleRef>& segments = snapshot.items(segments_ref);
   std::int64_t reserved_at_end = 0;
   std::vector<AllocationEvent> live_before_trace;
-  const std::uint64_t first_time_ns = body.empty() ? 0 : body.front().time_ns;
+  // The first alloc or free's time (a cache release may come first).
+  const auto first_block_event = std::find_if(body.begin(), body.end(), [](const auto& event) {
+    return event.kind != AllocationEvent::Kind::release_cache;
+  });
+  const std::uint64_t first_time_ns =
+      first_block_event == body.end() ? 0 : first_block_event->time_ns;
   for (std::size_t s = 0; s < segments.size(); ++s) {
     const std::string path = "segments[" + std::to_string(s) + "]";
     const PickleRef segment = segments[s];

@@ -36,6 +36,16 @@
 // and a block's unsplit remainder (PyTorch hands out up to 1 MiB more than
 // asked in the large pool), which the trace does not show; both make the
 // true allocated a little larger and the native figure a little smaller.
+//
+// Note [Cache releases in a snapshot]
+// PyTorch's allocator gives segments back (segment_free, segment_unmap) only
+// when the program empties its cache (torch.cuda.empty_cache()) or when a
+// device malloc fails and it releases its free segments to retry. Either way
+// the allocator replaying the trace is owed the same moment: the conversion
+// puts one release_cache event where a run of such entries starts, and the
+// replay empties spillway's cache there. Without it the replayed allocator
+// kept every segment PyTorch's had returned, and was compared with an
+// allocator that had started afresh.
 #pragma once
 
 #include <cstdint>

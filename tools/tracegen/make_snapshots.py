@@ -18,8 +18,10 @@ protocol 4 as pickle.dump does by default.
 Beside each snapshot NAME.pickle it writes what spillway-replay must get from
 it, computed here from the model's own state rather than from the pickle:
   NAME.events.csv  the alloc/free events, blocks live before the history
-                   first (docs/traces.md), in spillway-replay's CSV form;
-  NAME.expected    `key value` lines: entries, allocs, frees,
+                   first (docs/traces.md), and an empty_cache event where a
+                   run of segment releases starts, in spillway-replay's CSV
+                   form;
+  NAME.expected    `key value` lines: entries, allocs, frees, cache_releases,
                    blocks_live_before_trace, native_peak_reserved_bytes,
                    native_peak_allocated_bytes, ooms (for the broken files:
                    file_size, error_offset).
@@ -353,11 +355,20 @@ def expectations(model, entries, window_start, segments, free_action):
         elif entry["action"] == free_action:
             del live[entry["addr"]]
     window = entries[window_start:]
-    body = [e for e in window if e["action"] in ("alloc", free_action)]
-    first_time_ns = body[0]["time_us"] * 1000 if body else 0
+    body = []  # alloc, free and, once per run of segment releases, empty_cache
+    for e in window:
+        if e["action"] in ("alloc", free_action):
+            body.append(e)
+        elif e["action"] in ("segment_free", "segment_unmap"):
+            if not body or body[-1]["action"] != "empty_cache":
+                body.append({"action": "empty_cache", "addr": 0, "size": 0, "stream": 0,
+                             "time_us": e["time_us"]})
+    first_time_ns = next((e["time_us"] * 1000 for e in body if e["action"] != "empty_cache"), 0)
     before = []
     touched = set()
     for entry in body:
+        if entry["action"] == "empty_cache":
+            continue
         address = entry["addr"]
         if entry["action"] == free_action and address in live and address not in touched:
             size, stream = live[address]
@@ -371,8 +382,9 @@ def expectations(model, entries, window_start, segments, free_action):
                 size, stream = live[block["address"]]  # KeyError: a block the history misses
                 assert (size, stream) == (block["requested_size"], segment["stream"])
                 before.append(("alloc", block["address"], size, stream, first_time_ns))
-    events = before + [("alloc" if e["action"] == "alloc" else "free", e["addr"], e["size"],
-                        e["stream"], e["time_us"] * 1000) for e in body]
+    kinds = {"alloc": "alloc", free_action: "free", "empty_cache": "empty_cache"}
+    events = before + [(kinds[e["action"]], e["addr"], e["size"], e["stream"],
+                        e["time_us"] * 1000) for e in body]
 
     # PyTorch's reserved bytes, as the model kept them; allocated bytes as
     # rounded live requests, with the frees the replay uses.
@@ -386,12 +398,13 @@ def expectations(model, entries, window_start, segments, free_action):
             sizes[entry["addr"]] = entry["size"]
             allocated += round_size(entry["size"])
             peak_allocated = max(peak_allocated, allocated)
-        else:
+        elif entry["action"] != "empty_cache":
             allocated -= round_size(sizes.pop(entry["addr"]))
     expected = {
         "entries": len(window),
         "allocs": sum(1 for e in events if e[0] == "alloc"),
         "frees": sum(1 for e in events if e[0] == "free"),
+        "cache_releases": sum(1 for e in events if e[0] == "empty_cache"),
         "blocks_live_before_trace": len(before),
         "native_peak_reserved_bytes": peak_reserved,
         "native_peak_allocated_bytes": peak_allocated,
