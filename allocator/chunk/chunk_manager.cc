@@ -730,7 +730,9 @@ std::uint64_t ChunkManager::end_step() {
   policy_->note_time(policy_clock_ns_locked());
   policy_->on_step_end();
   prefetch_planned_locked();  // the next step's first chunks
-  trace_mark_locked(TraceEventKind::step, step, 0);
+  // The step that ended, with the stall the copy model expected in it.
+  trace_mark_locked(TraceEventKind::step, step,
+                    static_cast<std::uint64_t>(stats_.stall_expected_last_step_ns));
   return step;
 }
 
