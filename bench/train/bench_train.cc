@@ -115,7 +115,8 @@ int run_child(const Options& options, const std::string& policy, double bandwidt
 // Runs this program again as a child and reads its result.
 ChildResult run_in_child(const std::vector<std::string>& base_args, const std::string& policy,
                          double bandwidth, const std::string& trace) {
-  std::string command = "/proc/self/exe";
+  // popen runs a shell, whose /proc/self/exe is the shell: name this program.
+  std::string command = "'" + std::filesystem::read_symlink("/proc/self/exe").string() + "'";
   for (const std::string& arg : base_args) command += " '" + arg + "'";
   command += fmt::format(" --child {} {:.0f} {}", policy, bandwidth, trace);
   FILE* pipe = popen(command.c_str(), "r");
@@ -135,7 +136,8 @@ ChildResult run_in_child(const std::vector<std::string>& base_args, const std::s
   return result;
 }
 
-int run_parent(const Options& options, const std::vector<std::string>& base_args) {
+// The three runs and the simulator; failures go to report_failure.
+void measure(const Options& options, const std::vector<std::string>& base_args) {
   // 1. Compute and traffic: instant copies.
   const ChildResult instant = run_in_child(base_args, "planned", 0, "-");
   const double bandwidth = instant.h2d_bytes / (instant.step_ms / 1e3);
@@ -144,7 +146,7 @@ int run_parent(const Options& options, const std::vector<std::string>& base_args
   report_metric("train_sim_bandwidth_gbps", bandwidth / 1e9, "GB/s");
   if (bandwidth <= 0) {
     report_failure("no chunk traffic: the budget holds the model; lower --budget");
-    return run_and_report();
+    return;
   }
   // 2. Both policies at that bandwidth; the planned run traced.
   const std::string trace =
@@ -165,13 +167,13 @@ int run_parent(const Options& options, const std::vector<std::string>& base_args
   std::filesystem::remove(trace);
   if (!read.ok()) {
     report_failure(read.error);
-    return run_and_report();
+    return;
   }
   const auto last_step = static_cast<std::uint64_t>(options.warmup + options.steps);
   const TracedStep traced = traced_step(*read.trace, last_step);
   if (!traced.error.empty()) {
     report_failure(traced.error);
-    return run_and_report();
+    return;
   }
   plan::CostModel model;
   model.device_budget = *detail::parse_size(options.budget);
@@ -192,6 +194,22 @@ int run_parent(const Options& options, const std::vector<std::string>& base_args
   } catch (const std::exception& e) {
     report_failure(std::string("cost simulator: ") + e.what());
   }
+}
+
+int run_parent(const Options& options, const std::vector<std::string>& base_args) {
+  report_note(fmt::format("configuration: {}", configuration(options, "POLICY", 0, "-")));
+  benchmark::RegisterBenchmark("train",
+                               [options, base_args](benchmark::State& state) {
+                                 for (auto _ : state) {
+                                   try {
+                                     measure(options, base_args);
+                                   } catch (const std::exception& e) {
+                                     state.SkipWithError(e.what());
+                                   }
+                                 }
+                               })
+      ->Iterations(1)
+      ->Unit(benchmark::kMillisecond);
   return run_and_report();
 }
 
