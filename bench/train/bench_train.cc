@@ -14,8 +14,9 @@
 //   metric train_stall_expected_fraction_planned  the stall the copy model
 //                                       expected (stall_ns.expected), same base
 //   metric train_sim_stall_fraction_planned  the cost simulator's, same trace
-//   metric train_step_vs_sim_bound      planned step over the simulator's
-//                                       bound for the traced step (goal <= 1.15)
+//   metric train_traced_step_ms         the planned run's last step, from its trace
+//   metric train_step_vs_sim_bound      that step over the simulator's bound
+//                                       for it (goal <= 1.15)
 //
 // Each run is a child process of its own (spillway's configuration is once
 // per process): bench_train --child POLICY BANDWIDTH TRACE prints one
@@ -51,7 +52,7 @@ struct Options {
   train_demo::TrainerOptions trainer;
   int steps = 6;   // timed steps per run
   int warmup = 3;  // untimed steps first (the planned policy's traced step among them)
-  std::string budget = "48MiB";
+  std::string budget = "64MiB";  // the simulator hides most of the traffic here
   std::string chunk_size = "2MiB";
 };
 
@@ -190,7 +191,9 @@ void measure(const Options& options, const std::vector<std::string>& base_args) 
     if (simulated.ok())
       report_metric("train_sim_stall_fraction_planned",
                     simulated.last().stall_ns / simulated.last().step_ns, "ratio");
-    report_metric("train_step_vs_sim_bound", planned.step_ms * 1e6 / bound.bound_ns, "ratio");
+    // The traced step's own wall time: the same step the bound is for.
+    report_metric("train_traced_step_ms", traced.wall_ns / 1e6, "ms");
+    report_metric("train_step_vs_sim_bound", traced.wall_ns / bound.bound_ns, "ratio");
   } catch (const std::exception& e) {
     report_failure(std::string("cost simulator: ") + e.what());
   }

@@ -17,6 +17,7 @@ TracedStep traced_step(const TraceFileContents& trace, std::uint64_t step) {
   std::uint64_t live_bytes = 0;
   std::uint64_t resident_chunk_bytes = 0;
   bool in_step = step == 1;
+  std::uint64_t step_start_ns = 0;  // step 1: its first op
   std::uint64_t step_end_ns = 0;
   std::vector<std::uint64_t> begins;  // each moment's begin
   std::vector<std::uint64_t> stalls;  // host stall inside each moment
@@ -48,7 +49,10 @@ TracedStep traced_step(const TraceFileContents& trace, std::uint64_t step) {
         break;
     }
     if (event.kind == TraceEventKind::step) {
-      if (event.address + 1 == step) in_step = true;
+      if (event.address + 1 == step) {
+        in_step = true;
+        step_start_ns = event.time_ns;
+      }
       if (event.address == step) {
         step_end_ns = event.time_ns;
         break;
@@ -89,6 +93,7 @@ TracedStep traced_step(const TraceFileContents& trace, std::uint64_t step) {
     result.error = fmt::format("step {} of the trace has no ops (op events need format 3)", step);
     return result;
   }
+  result.wall_ns = step_end_ns - (step == 1 ? begins.front() : step_start_ns);
   for (std::size_t i = 0; i < begins.size(); ++i) {
     const std::uint64_t end = i + 1 < begins.size() ? begins[i + 1] : step_end_ns;
     const std::uint64_t span = end > begins[i] ? end - begins[i] : 0;

@@ -21,6 +21,7 @@ namespace spillway::bench {
 struct TracedStep {
   plan::StepTrace step;
   std::uint64_t chunk_size = 0;  // the largest chunk capacity seen
+  std::uint64_t wall_ns = 0;     // from the previous step event (or the first op) to its own
   std::string error;             // empty when the step was found
 };
 
