@@ -22,7 +22,7 @@
 // per process): bench_train --child POLICY BANDWIDTH TRACE prints one
 // "child-result" line, which the parent reads.
 //
-//   bench_train [--steps N] [--warmup N] [--budget SIZE] [--layers N]
+//   bench_train [--steps N] [--warmup N] [--budget SIZE] [--threads N] [--layers N]
 //               [--d-model N] [--batch N] [--seq N]
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
@@ -54,6 +54,7 @@ struct Options {
   int warmup = 3;  // untimed steps first (the planned policy's traced step among them)
   std::string budget = "64MiB";  // the simulator hides most of the traffic here
   std::string chunk_size = "2MiB";
+  int threads = 1;  // torch's intra-op threads in each run
 };
 
 struct ChildResult {
@@ -87,6 +88,10 @@ std::string configuration(const Options& options, const std::string& policy, dou
 // One run, in this process: prints the child-result line.
 int run_child(const Options& options, const std::string& policy, double bandwidth,
               const std::string& trace) {
+  // One compute thread: the simulated device's copies run on threads of
+  // their own, and torch's spinning workers on a shared machine make step
+  // times swing several-fold.
+  torch::set_num_threads(options.threads);
   spillway::configure(configuration(options, policy, bandwidth, trace));
   train_demo::TrainerOptions trainer_options = options.trainer;
   trainer_options.manage = true;
@@ -230,6 +235,8 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", options.warmup, "untimed steps first")->check(CLI::PositiveNumber);
   app.add_option("--budget", options.budget, "device budget (activations and chunks)");
   app.add_option("--chunk-size", options.chunk_size, "chunk size");
+  app.add_option("--threads", options.threads, "torch's intra-op threads per run")
+      ->check(CLI::PositiveNumber);
   app.add_option("--layers", options.trainer.model.layers, "transformer blocks");
   app.add_option("--d-model", options.trainer.model.d_model, "model width");
   app.add_option("--batch", options.trainer.batch, "sequences per step");
