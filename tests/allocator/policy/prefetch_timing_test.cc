@@ -2,8 +2,9 @@
 // the start decision on its own; in the planned policy, the fetch start
 // points a traced step's op durations and a copy bandwidth give, held back
 // until the latest start, queued behind earlier fetches, and today's
-// start-at-once when durations or bandwidth are unknown; in the chunk
-// manager on the simulated device, the stalls it expects and measures.
+// start-at-once when durations or bandwidth are unknown; with activations
+// sharing the device, a fetch that would force an extra spill waits; in the
+// chunk manager on the simulated device, the stalls it expects and measures.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -192,6 +193,137 @@ TEST(PlannedPolicyTiming, TheNextStepIsPredictedFromTheTracedStepLength) {
   policy.on_step_end();
   start_prefetches(policy, clock, -1, points);
   EXPECT_EQ(points.started_after.at(1), -1) << "access 0 is now: no later point before 1";
+}
+
+// A device of `slots` chunk-sized slots shared by chunks and activations,
+// driven the way the chunk manager drives the policy: a missing chunk is
+// fetched on use; after each access (chunk in use) and its release, the
+// policy's prefetches start, each evicting choose_victim_for_prefetch's
+// chunk when the device is full; an activation that finds it full spills
+// choose_victim's chunk (num_spills_for_allocation).
+class SlotDevice final : public EvictionCandidates {
+ public:
+  SlotDevice(PlannedPolicy& policy, FakeClock& clock, std::size_t slots)
+      : policy_(policy), clock_(clock), slots_(slots) {}
+  bool evictable(ChunkId id) const override {
+    return resident_.count(id) != 0 && (!in_use_ || *in_use_ != id);
+  }
+  void place(int id) {
+    resident_.insert(chunk(id));
+    policy_.on_resident(chunk(id));
+  }
+  void access(int id, std::uint64_t time) {
+    clock_.now = time;
+    policy_.note_time(time);
+    in_use_ = chunk(id);
+    if (resident_.count(chunk(id)) == 0) {
+      if (used() == slots_) evict(*policy_.choose_victim(*this));
+      fetch(chunk(id));
+    }
+    policy_.on_access(chunk(id));
+    prefetch();
+    in_use_.reset();
+    prefetch();
+  }
+  void allocate_activation() {
+    if (used() == slots_) {
+      const std::optional<ChunkId> victim = policy_.choose_victim(*this);
+      ASSERT_TRUE(victim.has_value());
+      evict(*victim);
+      ++spills;
+    }
+    ++activations_;
+  }
+  void free_activation() {
+    --activations_;
+    prefetch();
+  }
+  void end_step(std::uint64_t time) {
+    clock_.now = time;
+    policy_.note_time(time);
+    policy_.on_step_end();
+    prefetch();
+  }
+  int fetches = 0;
+  int spills = 0;
+
+ private:
+  std::size_t used() const { return resident_.size() + activations_; }
+  void evict(ChunkId victim) {
+    resident_.erase(victim);
+    policy_.on_evicted(victim);
+  }
+  void fetch(ChunkId id) {
+    resident_.insert(id);
+    policy_.on_resident(id);
+    ++fetches;
+    if (clock_.copy) clock_.free_at = std::max(clock_.free_at, clock_.now) + *clock_.copy;
+  }
+  void prefetch() {
+    while (const std::optional<PlannedFetch> next = policy_.timed_prefetch(clock_)) {
+      if (used() == slots_) {
+        const std::optional<ChunkId> victim =
+            policy_.choose_victim_for_prefetch(*this, next->chunk);
+        if (!victim) return;
+        evict(*victim);
+      }
+      fetch(next->chunk);
+    }
+  }
+
+  PlannedPolicy& policy_;
+  FakeClock& clock_;
+  std::size_t slots_;
+  std::set<ChunkId> resident_;
+  std::optional<ChunkId> in_use_;
+  std::size_t activations_ = 0;
+};
+
+struct SpillRun {
+  int fetches = 0;
+  int spills = 0;
+};
+
+// Chunks 0..4 used one per 1 ms op on 5 slots, an activation alive over op
+// 1 and another over op 3. The first spills chunk 0 (next used in the next
+// step). Fetched back as soon as the first activation is gone, it fills the
+// slot the second one needs, which spills chunk 2 (fetched again later);
+// fetched back when its use nears, after the second, it spills nothing.
+// Counts after the traced step.
+SpillRun run_with_activations(std::optional<std::uint64_t> copy_ns) {
+  PlannedPolicy policy(1);
+  FakeClock clock;
+  clock.copy = copy_ns;
+  SlotDevice device(policy, clock, 5);
+  for (int id = 0; id < 5; ++id) device.place(id);
+  SpillRun counted;
+  std::uint64_t start = 0;
+  for (int step = 0; step < 6; ++step) {
+    if (step == 1) counted = {device.fetches, device.spills};
+    for (int id = 0; id < 5; ++id) {
+      if (id == 1 || id == 3) device.allocate_activation();
+      device.access(id, start + static_cast<std::uint64_t>(id) * kMs);
+      if (id == 1 || id == 3) device.free_activation();
+    }
+    start += 5 * kMs;
+    device.end_step(start);
+  }
+  return {device.fetches - counted.fetches, device.spills - counted.spills};
+}
+
+TEST(PlannedPolicyTiming, AFetchThatWouldForceAnExtraSpillWaits) {
+  const SpillRun untimed = run_with_activations(std::nullopt);
+  const SpillRun timed = run_with_activations(500 * 1000);
+  std::printf(
+      "5 chunks on 5 slots, two activations: untimed %d fetches, %d spills; timed %d "
+      "fetches, %d spills\n",
+      untimed.fetches, untimed.spills, timed.fetches, timed.spills);
+  // Five followed steps: one spill and one fetch each (chunk 0, for the first
+  // activation) timed; untimed, chunk 2's spill and fetch besides.
+  EXPECT_EQ(timed.spills, 5);
+  EXPECT_EQ(timed.fetches, 5);
+  EXPECT_EQ(untimed.spills, 10);
+  EXPECT_EQ(untimed.fetches, 10);
 }
 
 // In the chunk manager on the simulated device (sim_bandwidth): copies too
