@@ -203,7 +203,8 @@ void PlannedPolicy::build_plan() {
   // Note [Prefetch timed by op durations]: times from the step's first access;
   // a clock that did not move leaves the plan untimed.
   const std::uint64_t first_ns = sequence_.front().time_ns;
-  for (Access& access : sequence_) access.time_ns -= first_ns;
+  for (Access& access : sequence_)  // threads' stalls overlapping may step the clock back
+    access.time_ns = access.time_ns > first_ns ? access.time_ns - first_ns : 0;
   step_ns_ = now_ns_ > first_ns ? now_ns_ - first_ns : 0;
   ref_traced_ns_ = 0;
   ref_real_ns_ = now_ns_;
