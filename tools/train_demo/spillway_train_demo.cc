@@ -3,8 +3,10 @@
 // small for them, so chunks leave the device and come back every step.
 //
 // It prints the loss of every step, the model data against the budget, and
-// at the end spillway's statistics (evictions, bytes moved, stall time, peak
-// reserved). With --no-spillway it trains the same model on the same data
+// at the end spillway's statistics (evictions, bytes moved, prefetches, stall
+// time measured and expected, peak reserved). On the simulated device it
+// first trains the same model without spillway, whose step times are printed
+// beside spillway's. With --no-spillway it trains the same model on the same data
 // without spillway and prints the same losses; --check runs both in one
 // process and compares losses and final parameters bit for bit (exit status
 // 1 on a difference), which is what the ctest and tools/gpu_check.sh run.
