@@ -173,8 +173,11 @@ bool Runtime::build() {
   options.large_slab_bytes = config_.chunk_size;
   options.expandable_segments = config_.expandable_segments;
   owned_allocator_ = std::make_unique<CachingAllocator>(*device_, options, recorder_.get());
-  chunk_manager_ = std::make_unique<ChunkManager>(*device_, *owned_allocator_,
-                                                  ChunkManagerOptions::from_config(config_),
+  ChunkManagerOptions chunk_options = ChunkManagerOptions::from_config(config_);
+  // sim_bandwidth models the simulated device's copies only; elsewhere the
+  // copy bandwidth is unknown and prefetches are not timed.
+  if (device_->kind() != DeviceKind::sim) chunk_options.copy_bytes_per_s = 0;
+  chunk_manager_ = std::make_unique<ChunkManager>(*device_, *owned_allocator_, chunk_options,
                                                   make_eviction_policy(config_), recorder_.get());
   SPILLWAY_LOG(info, "active on {}: budget {} bytes, chunk size {} bytes{}{}", device_->name(),
                budget, config_.chunk_size, config_.trace.empty() ? "" : ", tracing to ",

@@ -55,6 +55,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -88,6 +89,7 @@ ChunkManagerOptions ChunkManagerOptions::from_config(const Config& config) {
   options.host_budget_bytes = config.host_budget.resolve(physical_memory_bytes());
   options.strict_residency = config.strict_residency;
   options.planned_prefetch = config.prefetch;
+  options.copy_bytes_per_s = config.sim_bandwidth;
   return options;
 }
 
@@ -111,6 +113,26 @@ class ChunkManager::Candidates final : public EvictionCandidates {
   bool evictable(ChunkId id) const override {
     const Chunk* chunk = manager_.find_chunk_locked(id);
     return chunk != nullptr && chunk->resident() && !chunk->in_use();
+  }
+
+ private:
+  const ChunkManager& manager_;
+};
+
+// Note [Prefetch timed by op durations] (allocator/policy/prefetch_timing.h).
+class ChunkManager::FetchClock final : public CopyClock {
+ public:
+  explicit FetchClock(const ChunkManager& manager) : manager_(manager) {}
+  std::uint64_t now_ns() const override { return manager_.policy_clock_ns_locked(); }
+  std::uint64_t fetch_stream_free_at_ns() const override {
+    const auto stalled = static_cast<std::uint64_t>(manager_.stats_.stall_ns);
+    const std::uint64_t free_at = manager_.fetch_stream_free_at_ns_;
+    return free_at > stalled ? free_at - stalled : 0;
+  }
+  std::optional<std::uint64_t> fetch_ns(ChunkId id) const override {
+    const Chunk* chunk = manager_.find_chunk_locked(id);
+    if (chunk == nullptr) return std::nullopt;
+    return manager_.fetch_ns_locked(*chunk);
   }
 
  private:
@@ -165,6 +187,7 @@ Status ChunkManager::acquire(TensorId id, Stream stream, void** device_ptr, Acce
       }
     }
     SPILLWAY_INVARIANT(chunk.resident(), "an acquire hands out only resident bytes");
+    policy_->note_time(policy_clock_ns_locked());
     policy_->on_access(chunk.id);
     if (tensor->device_users++ == 0) {
       if (tensor->state == TensorState::hold) --chunk.held_tensors;
@@ -246,6 +269,7 @@ Status ChunkManager::acquire_host(TensorId id, void** host_ptr, AccessMode acces
       drop_device_copy_locked(chunk);  // it would be stale
       notify_locked(chunk);
     }
+    policy_->note_time(policy_clock_ns_locked());
     policy_->on_host_access(chunk.id);
     if (tensor->host_users++ == 0 && tensor->device_users == 0) {
       if (tensor->state == TensorState::hold) --chunk.held_tensors;
@@ -413,6 +437,9 @@ Status ChunkManager::fetch_locked(Chunk& chunk, FetchReason reason, const Tensor
     return fail(status, fmt::format("fetch of {}: {}", chunk_label_locked(chunk),
                                     ChunkMover::last_error()));
   }
+  const std::uint64_t arrives_in_ns = note_fetch_queued_locked(chunk, device_.now_ns());
+  // A fetch on use stalls its access until it arrives (the copy model's view).
+  if (reason == FetchReason::use) note_expected_stall_locked(chunk, arrives_in_ns);
   chunk.device_data = data;
   chunk.device_current = true;
   resident_bytes_ += chunk.capacity;
@@ -507,12 +534,43 @@ constexpr int kMaxPlannedPrefetchesPerAccess = 4;
 void ChunkManager::prefetch_planned_locked() {
   if (!options_.planned_prefetch) return;
   for (int started = 0; started < kMaxPlannedPrefetchesPerAccess; ++started) {
-    const std::optional<ChunkId> next = policy_->prefetch_candidate();
+    // Note [Prefetch timed by op durations]: nullopt also while it can wait.
+    const std::optional<PlannedFetch> next = policy_->timed_prefetch(FetchClock(*this));
     if (!next) return;
-    Chunk* chunk = find_chunk_locked(*next);
+    Chunk* chunk = find_chunk_locked(next->chunk);
     if (chunk == nullptr || chunk->resident() || chunk->host_users != 0) return;
     if (fetch_locked(*chunk, FetchReason::planned_prefetch, nullptr) != Status::ok) return;
+    note_expected_stall_locked(*chunk, next->expected_stall_ns);
   }
+}
+
+// Note [Prefetch timed by op durations]: the host's waits for moves are not
+// op time, or a traced step's stalls would make its ops look long enough to
+// hide the next step's fetches; the policy's clock stops while the host waits.
+std::uint64_t ChunkManager::policy_clock_ns_locked() const {
+  const std::uint64_t now = device_.now_ns();
+  const auto stalled = static_cast<std::uint64_t>(stats_.stall_ns);
+  return now > stalled ? now - stalled : 0;
+}
+
+std::optional<std::uint64_t> ChunkManager::fetch_ns_locked(const Chunk& chunk) const {
+  if (options_.copy_bytes_per_s <= 0) return std::nullopt;
+  return static_cast<std::uint64_t>(static_cast<double>(chunk.used_bytes) * 1e9 /
+                                    options_.copy_bytes_per_s);
+}
+
+std::uint64_t ChunkManager::note_fetch_queued_locked(const Chunk& chunk, std::uint64_t now_ns) {
+  const std::optional<std::uint64_t> copy_ns = fetch_ns_locked(chunk);
+  if (!copy_ns) return 0;
+  fetch_stream_free_at_ns_ = std::max(fetch_stream_free_at_ns_, now_ns) + *copy_ns;
+  return fetch_stream_free_at_ns_ - now_ns;
+}
+
+void ChunkManager::note_expected_stall_locked(const Chunk& chunk, std::uint64_t expected_ns) {
+  if (expected_ns == 0) return;
+  const auto expected = static_cast<std::int64_t>(expected_ns);
+  count_locked(chunk, [&](ChunkStats& s) { s.stall_expected_ns += expected; });
+  step_stall_expected_ns_ += expected;
 }
 
 bool ChunkManager::evict_one_locked(const Chunk* planned_incoming) {
@@ -660,15 +718,21 @@ void ChunkManager::count_locked(const Chunk& chunk, Update update) {
 
 void ChunkManager::note_stall_locked(const Chunk& chunk, std::int64_t stalled_ns) {
   count_locked(chunk, [&](ChunkStats& s) { s.stall_ns += stalled_ns; });
+  step_stall_ns_ += stalled_ns;
   trace_chunk_locked(TraceEventKind::stall, chunk, static_cast<std::uint64_t>(stalled_ns));
 }
 
 std::uint64_t ChunkManager::end_step() {
   std::lock_guard lock(mutex_);
   const std::uint64_t step = ++steps_ended_;
+  stats_.stall_last_step_ns = std::exchange(step_stall_ns_, 0);
+  stats_.stall_expected_last_step_ns = std::exchange(step_stall_expected_ns_, 0);
+  policy_->note_time(policy_clock_ns_locked());
   policy_->on_step_end();
   prefetch_planned_locked();  // the next step's first chunks
-  trace_mark_locked(TraceEventKind::step, step, 0);
+  // The step that ended, with the stall the copy model expected in it.
+  trace_mark_locked(TraceEventKind::step, step,
+                    static_cast<std::uint64_t>(stats_.stall_expected_last_step_ns));
   return step;
 }
 

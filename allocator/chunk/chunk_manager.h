@@ -102,9 +102,14 @@ struct ChunkManagerOptions {
   // The policy's planned prefetches (Note [Planned prefetch] in
   // planned_policy.h); the `prefetch` option.
   bool planned_prefetch = true;
+  // Host-to-device copy bandwidth, bytes per second, for timing planned
+  // prefetches (Note [Prefetch timed by op durations] in
+  // allocator/policy/prefetch_timing.h); 0: unknown, fetches start as early
+  // as room allows. From the simulated device's sim_bandwidth.
+  double copy_bytes_per_s = 0;
 
-  // chunk_size, host_budget (resolved against physical memory) and
-  // strict_residency from a configuration.
+  // chunk_size, host_budget (resolved against physical memory),
+  // strict_residency, prefetch and sim_bandwidth from a configuration.
   static ChunkManagerOptions from_config(const Config& config);
 };
 
@@ -252,6 +257,7 @@ class ChunkManager final : public PressureHandler {
     std::map<std::pair<TensorKind, std::uint32_t>, ChunkId> open_chunks;
   };
   class Candidates;
+  class FetchClock;
   class AllocatingScope;
 
   // Registration and layout (chunk_layout.cc).
@@ -271,8 +277,19 @@ class ChunkManager final : public PressureHandler {
                       OverBudget over_budget = OverBudget::fail);
   Status make_room_locked(Chunk& incoming, FetchReason reason, const TensorRecord* wanted_by,
                           OverBudget over_budget);
-  // Starts the fetches the policy's plan wants next.
+  // Starts the fetches the policy's plan wants next, each when its timing
+  // says (Note [Prefetch timed by op durations]).
   void prefetch_planned_locked();
+  // The device clock less the host's waits for moves: the policy's clock.
+  std::uint64_t policy_clock_ns_locked() const;
+  // The modelled copy time of the chunk's fetch; nullopt without a bandwidth.
+  std::optional<std::uint64_t> fetch_ns_locked(const Chunk& chunk) const;
+  // A fetch was queued: the fetch stream's modelled end moves past it.
+  // Returns how long after `now_ns` it is modelled to arrive (0 without a
+  // bandwidth).
+  std::uint64_t note_fetch_queued_locked(const Chunk& chunk, std::uint64_t now_ns);
+  // The stall the copy model expects from a fetch: in the stats.
+  void note_expected_stall_locked(const Chunk& chunk, std::uint64_t expected_ns);
   Status allocate_device_copy_locked(Chunk& chunk, FetchReason reason,
                                      const TensorRecord* wanted_by, OverBudget over_budget,
                                      void** data);
@@ -334,6 +351,10 @@ class ChunkManager final : public PressureHandler {
   ChunkStats stats_;
   TraceSink* const trace_;
   std::uint64_t steps_ended_ = 0;
+  // Note [Prefetch timed by op durations].
+  std::uint64_t fetch_stream_free_at_ns_ = 0;  // modelled end of the queued fetches
+  std::int64_t step_stall_ns_ = 0;             // this step's so far
+  std::int64_t step_stall_expected_ns_ = 0;
   bool overrun_outstanding_ = false;  // Note [Budget overruns]
   std::size_t min_budget_bytes_ = 0;  // Note [The smallest budget]
   std::string min_budget_user_;

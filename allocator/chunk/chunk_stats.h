@@ -1,6 +1,7 @@
 // ChunkStats: the chunk manager's figures, kept per client and in total.
 // add_to() writes them under the contract keys of Stats (chunk_bytes.*,
-// bytes_moved.*, evictions, prefetches, stall_ns, num_budget_overruns); the counts of fetches and
+// bytes_moved.*, evictions, prefetches, stall_ns, stall_ns.expected,
+// stall_ns.actual and their .last_step, num_budget_overruns); the counts of fetches and
 // write-backs have no contract key and are reported here only.
 #pragma once
 
@@ -17,9 +18,16 @@ struct ChunkStats {
   std::int64_t writebacks = 0;          // device-to-host moves (dirty evictions)
   std::int64_t bytes_moved_h2d = 0;
   std::int64_t bytes_moved_d2h = 0;
-  std::int64_t evictions = 0;        // device copies dropped to make room, written back or not
-  std::int64_t prefetches = 0;       // fetches started by prefetch()
-  std::int64_t stall_ns = 0;         // time acquire blocked the host waiting for a move
+  std::int64_t evictions = 0;   // device copies dropped to make room, written back or not
+  std::int64_t prefetches = 0;  // fetches started by prefetch()
+  std::int64_t stall_ns = 0;    // time acquire blocked the host waiting for a move
+  // Note [Prefetch timed by op durations] (prefetch_timing.h): the stall the
+  // copy model expects from the fetches started (lateness against the use).
+  std::int64_t stall_expected_ns = 0;
+  // The last step's stall_ns and stall_expected_ns (end_step); kept in the
+  // manager's total only (zero per client).
+  std::int64_t stall_last_step_ns = 0;
+  std::int64_t stall_expected_last_step_ns = 0;
   std::int64_t budget_overruns = 0;  // acquires that came in past a budget
 
   // Adds these figures to the chunk keys of `stats`.
@@ -31,6 +39,10 @@ struct ChunkStats {
     stats->evictions += evictions;
     stats->prefetches += prefetches;
     stats->stall_ns += stall_ns;
+    stats->stall_ns_actual += stall_ns;
+    stats->stall_ns_expected += stall_expected_ns;
+    stats->stall_last_actual += stall_last_step_ns;
+    stats->stall_last_expected += stall_expected_last_step_ns;
     stats->num_budget_overruns += budget_overruns;
   }
 

@@ -64,7 +64,11 @@ struct StatArray {
   X(bytes_moved_d2h, "bytes_moved.d2h")                     \
   X(evictions, "evictions")                                 \
   X(prefetches, "prefetches")                               \
-  X(stall_ns, "stall_ns")
+  X(stall_ns, "stall_ns")                                   \
+  X(stall_ns_expected, "stall_ns.expected")                 \
+  X(stall_ns_actual, "stall_ns.actual")                     \
+  X(stall_last_expected, "stall_ns.expected.last_step")     \
+  X(stall_last_actual, "stall_ns.actual.last_step")
 
 struct Stats {
 #define SPILLWAY_DECLARE_ARRAY(member, key) StatArray member;

@@ -28,6 +28,30 @@ struct PolicyState {
   std::int64_t planned_steps = 0;  // planned: steps that followed the plan to the end
 };
 
+// What the chunk manager knows of copy time, for a policy that times its
+// prefetches (Note [Prefetch timed by op durations] in prefetch_timing.h).
+class CopyClock {
+ public:
+  // Device::now_ns().
+  virtual std::uint64_t now_ns() const = 0;
+  // When the fetch stream is modelled to finish the fetches queued so far.
+  virtual std::uint64_t fetch_stream_free_at_ns() const = 0;
+  // Modelled time to fetch the chunk; nullopt when the copy bandwidth is
+  // unknown (then prefetches are not timed).
+  virtual std::optional<std::uint64_t> fetch_ns(ChunkId chunk) const = 0;
+
+ protected:
+  ~CopyClock() = default;
+};
+
+// A prefetch the policy wants started now.
+struct PlannedFetch {
+  ChunkId chunk;
+  // How late it is modelled to arrive after its use (0: in time; also 0 when
+  // the prefetch is not timed).
+  std::uint64_t expected_stall_ns = 0;
+};
+
 // The chunk manager's view of which chunks may be evicted right now.
 class EvictionCandidates {
  public:
@@ -44,6 +68,9 @@ class EvictionPolicy {
 
   virtual std::string_view name() const = 0;
 
+  // The clock (Device::now_ns()) just before an access or a step end; a
+  // policy that times prefetches measures the traced step with it.
+  virtual void note_time(std::uint64_t now_ns) { (void)now_ns; }
   // A chunk was acquired (on the device or the host). Prefetches are not
   // accesses.
   virtual void on_access(ChunkId chunk) = 0;
@@ -66,6 +93,15 @@ class EvictionPolicy {
   // Planned prefetch (Note [Planned prefetch] in planned_policy.h): the next
   // chunk the policy wants on the device ahead of its use, or nullopt.
   virtual std::optional<ChunkId> prefetch_candidate() const { return std::nullopt; }
+  // The same, timed (Note [Prefetch timed by op durations] in
+  // prefetch_timing.h): nullopt also while the next chunk can start later and
+  // still arrive before its use.
+  virtual std::optional<PlannedFetch> timed_prefetch(const CopyClock& clock) const {
+    (void)clock;
+    const std::optional<ChunkId> chunk = prefetch_candidate();
+    if (!chunk) return std::nullopt;
+    return PlannedFetch{*chunk};
+  }
   // The chunk to evict for prefetching `incoming`, or nullopt when evicting
   // any acceptable one would cost a fetch the prefetch does not save.
   virtual std::optional<ChunkId> choose_victim_for_prefetch(const EvictionCandidates& candidates,

@@ -5,13 +5,19 @@
 #include <limits>
 #include <utility>
 
+#include "allocator/policy/prefetch_timing.h"
+
 namespace spillway {
 
 PlannedPolicy::PlannedPolicy(int warmup_steps) : warmup_steps_(std::max(1, warmup_steps)) {}
 
-void PlannedPolicy::on_access(ChunkId chunk) { record_or_follow({chunk, /*on_host=*/false}); }
+void PlannedPolicy::on_access(ChunkId chunk) {
+  record_or_follow({chunk, /*on_host=*/false, now_ns_});
+}
 
-void PlannedPolicy::on_host_access(ChunkId chunk) { record_or_follow({chunk, /*on_host=*/true}); }
+void PlannedPolicy::on_host_access(ChunkId chunk) {
+  record_or_follow({chunk, /*on_host=*/true, now_ns_});
+}
 
 void PlannedPolicy::record_or_follow(Access access) {
   lru_.on_access(access.chunk);
@@ -27,6 +33,8 @@ void PlannedPolicy::record_or_follow(Access access) {
       break;
     case Phase::following:
       if (position_ < sequence_.size() && sequence_[position_].chunk == access.chunk) {
+        ref_traced_ns_ = sequence_[position_].time_ns;
+        ref_real_ns_ = now_ns_;
         ++position_;
       } else {
         diverge();
@@ -52,16 +60,57 @@ std::optional<ChunkId> PlannedPolicy::choose_victim(const EvictionCandidates& ca
   return victim->chunk;
 }
 
-// Note [Planned prefetch].
 std::optional<ChunkId> PlannedPolicy::prefetch_candidate() const {
+  const std::optional<Candidate> next = next_prefetch();
+  if (!next) return std::nullopt;
+  return next->chunk;
+}
+
+// Note [Prefetch timed by op durations] (prefetch_timing.h).
+std::optional<PlannedFetch> PlannedPolicy::timed_prefetch(const CopyClock& clock) const {
+  const std::optional<Candidate> next = next_prefetch();
+  if (!next) return std::nullopt;
+  if (!timed()) return PlannedFetch{next->chunk};
+  const std::optional<std::uint64_t> copy_ns = clock.fetch_ns(next->chunk);
+  if (!copy_ns) return PlannedFetch{next->chunk};
+  const std::uint64_t now_ns = clock.now_ns();
+  // The next point to start it at: the first coming access predicted after
+  // now (accesses of the same op come at once); none before the use: now.
+  std::uint64_t next_decision_ns = now_ns;
+  for (std::size_t ahead = 0; ahead < next->ahead; ++ahead) {
+    const std::uint64_t at = predicted_ns(position_ + ahead);
+    if (at > now_ns) {
+      next_decision_ns = at;
+      break;
+    }
+  }
+  const FetchTiming timing{.now_ns = now_ns,
+                           .next_decision_ns = next_decision_ns,
+                           .use_ns = predicted_ns(position_ + next->ahead),
+                           .fetch_stream_free_at_ns = clock.fetch_stream_free_at_ns(),
+                           .copy_ns = *copy_ns};
+  if (!must_start_now(timing)) return std::nullopt;
+  return PlannedFetch{next->chunk, expected_stall_ns(timing)};
+}
+
+std::uint64_t PlannedPolicy::predicted_ns(std::size_t index) const {
+  const std::size_t size = sequence_.size();
+  const std::uint64_t traced = sequence_[index % size].time_ns + (index / size) * step_ns_;
+  if (traced <= ref_traced_ns_) return ref_real_ns_;
+  return ref_real_ns_ + (traced - ref_traced_ns_);
+}
+
+// Note [Planned prefetch].
+std::optional<PlannedPolicy::Candidate> PlannedPolicy::next_prefetch() const {
   if (phase_ != Phase::following || sequence_.empty()) return std::nullopt;
   const std::size_t lookahead = std::min(kPrefetchLookahead, sequence_.size());
   // A chunk used on the host first would lose a device copy fetched now
   // (acquire_host drops it or writes around it), so it is skipped.
   std::vector<ChunkId> used_on_host_first;
   for (std::size_t ahead = 0; ahead < lookahead; ++ahead) {
-    const auto [chunk, on_host] = sequence_[(position_ + ahead) % sequence_.size()];
-    if (on_host) {
+    const Access& access = sequence_[(position_ + ahead) % sequence_.size()];
+    const ChunkId chunk = access.chunk;
+    if (access.on_host) {
       used_on_host_first.push_back(chunk);
       continue;
     }
@@ -69,7 +118,7 @@ std::optional<ChunkId> PlannedPolicy::prefetch_candidate() const {
         std::ranges::find(used_on_host_first, chunk) != used_on_host_first.end()) {
       continue;
     }
-    return chunk;
+    return Candidate{chunk, ahead};
   }
   return std::nullopt;
 }
@@ -116,6 +165,8 @@ void PlannedPolicy::on_step_end() {
       if (position_ == sequence_.size()) {
         ++state_.planned_steps;
         position_ = 0;
+        ref_traced_ns_ = 0;  // the step's end is the next one's start
+        ref_real_ns_ = now_ns_;
         break;
       }
       diverge();  // the step ended early or late
@@ -149,6 +200,14 @@ PolicyState PlannedPolicy::state() const {
 void PlannedPolicy::build_plan() {
   sequence_ = std::move(recording_);
   recording_.clear();
+  // Note [Prefetch timed by op durations]: times from the step's first access;
+  // a clock that did not move leaves the plan untimed.
+  const std::uint64_t first_ns = sequence_.front().time_ns;
+  for (Access& access : sequence_)  // threads' stalls overlapping may step the clock back
+    access.time_ns = access.time_ns > first_ns ? access.time_ns - first_ns : 0;
+  step_ns_ = now_ns_ > first_ns ? now_ns_ - first_ns : 0;
+  ref_traced_ns_ = 0;
+  ref_real_ns_ = now_ns_;
   uses_.clear();
   for (std::size_t i = 0; i < sequence_.size(); ++i) uses_[sequence_[i].chunk].push_back(i);
   position_ = 0;
@@ -162,6 +221,7 @@ void PlannedPolicy::diverge() {
   sequence_.clear();
   uses_.clear();
   position_ = 0;
+  step_ns_ = 0;
 }
 
 std::size_t PlannedPolicy::distance_to_next_use(ChunkId chunk) const {

@@ -33,6 +33,10 @@
 // streams are FIFOs, so a later chunk does not jump the queue either); the
 // manager asks again after the next acquire and release, and at a step's end
 // for the next step.
+//
+// When the fetch starts: Note [Prefetch timed by op durations]
+// (prefetch_timing.h). With the traced step's times, timed_prefetch() holds a
+// fetch back while a later start still lands it before its use.
 #pragma once
 
 #include <cstddef>
@@ -63,7 +67,12 @@ class PlannedPolicy final : public EvictionPolicy {
   void on_removed(ChunkId chunk) override;
   std::optional<ChunkId> choose_victim(const EvictionCandidates& candidates) override;
   void on_step_end() override;
+  void note_time(std::uint64_t now_ns) override { now_ns_ = now_ns; }
   std::optional<ChunkId> prefetch_candidate() const override;
+  std::optional<PlannedFetch> timed_prefetch(const CopyClock& clock) const override;
+  // True while following a plan whose traced step has op durations (its
+  // clock moved): timed_prefetch() then times fetches.
+  bool timed() const { return phase_ == Phase::following && step_ns_ > 0; }
   std::optional<ChunkId> choose_victim_for_prefetch(const EvictionCandidates& candidates,
                                                     ChunkId incoming) override;
   PolicyState state() const override;
@@ -73,10 +82,20 @@ class PlannedPolicy final : public EvictionPolicy {
 
   struct Access {
     ChunkId chunk;
-    bool on_host;  // acquire_host, not acquire: never prefetched
+    bool on_host;           // acquire_host, not acquire: never prefetched
+    std::uint64_t time_ns;  // note_time's clock; in sequence_, from the step's first access
+  };
+  struct Candidate {
+    ChunkId chunk;
+    std::size_t ahead;  // accesses from the current position to its use
   };
 
   void record_or_follow(Access access);
+  // Note [Planned prefetch]: the next chunk to bring in, if any.
+  std::optional<Candidate> next_prefetch() const;
+  // The clock's predicted time of the access at sequence index `index`
+  // (past the end: the next repetition), from the latest access.
+  std::uint64_t predicted_ns(std::size_t index) const;
   void build_plan();
   void diverge();
   // Accesses from the current position to the chunk's next use; max() when
@@ -104,6 +123,11 @@ class PlannedPolicy final : public EvictionPolicy {
   std::unordered_map<ChunkId, std::vector<std::size_t>> uses_;  // positions in sequence_
   std::size_t position_ = 0;                                    // index of the next expected access
   PolicyState state_;
+  // Note [Prefetch timed by op durations].
+  std::uint64_t now_ns_ = 0;         // the latest note_time
+  std::uint64_t step_ns_ = 0;        // the planned step's length; 0: not timed
+  std::uint64_t ref_real_ns_ = 0;    // the latest access (or step end) on the clock
+  std::uint64_t ref_traced_ns_ = 0;  // ... and in the planned step's time
 };
 
 }  // namespace spillway

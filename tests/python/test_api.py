@@ -19,7 +19,9 @@ CONTRACT_KEYS = [f"{figure}.all.{kind}"
                  for kind in ("current", "peak", "allocated", "freed")] + [
     "num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free", "chunk_bytes.device",
     "chunk_bytes.host", "bytes_moved.h2d", "bytes_moved.d2h", "evictions", "prefetches",
-    "stall_ns", "num_spills_for_allocation", "num_budget_overruns", "min_budget_bytes"] + [
+    "stall_ns", "num_spills_for_allocation", "num_budget_overruns", "min_budget_bytes",
+    "stall_ns.expected", "stall_ns.actual", "stall_ns.expected.last_step",
+    "stall_ns.actual.last_step"] + [
     f"allocated_bytes.{owner}.{kind}" for owner in ("model", "non_model")
     for kind in ("current", "peak", "allocated", "freed")]
 

@@ -6,6 +6,7 @@
 
 #include "tests/report/synthetic_traces.h"
 #include "tools/report/recommendations.h"
+#include "tools/report/summary_text.h"
 
 namespace spillway::report {
 namespace {
@@ -259,6 +260,31 @@ TEST(ReportModel, VersionFourSpillsOverrunsAndTheSmallestBudget) {
             std::string::npos)
       << sentences[0];
   EXPECT_NE(sentences[0].find("smallest budget (8.00 KiB)"), std::string::npos) << sentences[0];
+}
+
+// Note [Prefetch timed by op durations]: each step's measured stall (its
+// stall events) beside the one the copy model expected (the step's size).
+TEST(ReportModel, StallPerStepMeasuredAndExpected) {
+  TraceFileContents trace;
+  trace.format_version = 4;
+  trace.events = {
+      {100, K::stall, 0, 1, 3'000'000, 0, 0}, {200, K::stall, 0, 2, 2'000'000, 0, 0},
+      {300, K::step, 0, 1, 4'500'000},        {400, K::step, 0, 2, 0},
+      {500, K::stall, 0, 1, 700'000, 0, 0},   {600, K::step, 0, 3, 600'000},
+  };
+  const ReportModel model = build_report_model(trace);
+  ASSERT_EQ(model.steps.size(), 3u);
+  EXPECT_EQ(model.steps[0].stall_ns, 5'000'000u);
+  EXPECT_EQ(model.steps[0].expected_stall_ns, 4'500'000u);
+  EXPECT_EQ(model.steps[1].stall_ns, 0u);
+  EXPECT_EQ(model.steps[1].expected_stall_ns, 0u);
+  EXPECT_EQ(model.steps[2].stall_ns, 700'000u);
+  EXPECT_EQ(model.steps[2].expected_stall_ns, 600'000u);
+  const std::string text = summary_text(model, "t.trace");
+  EXPECT_NE(text.find("stall per step (ms, measured/expected by the copy model): 5.000/4.500, "
+                      "0.000/0.000, 0.700/0.600"),
+            std::string::npos)
+      << text;
 }
 
 }  // namespace

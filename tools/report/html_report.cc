@@ -167,6 +167,14 @@ std::string totals_table(const ReportModel& model) {
   table_row(&out, "writebacks", std::to_string(t.writebacks));
   table_row(&out, "drops (evictions)", fmt::format("{} ({})", t.drops, t.evictions));
   table_row(&out, "stalls", fmt::format("{}, {}", t.stalls, format_duration_ns(t.stall_ns)));
+  if (model.format_version >= 4 && !model.steps.empty()) {
+    std::string per_step;
+    for (const StepMark& step : model.steps)
+      per_step +=
+          fmt::format("{}{} / {}", per_step.empty() ? "" : "; ", format_duration_ns(step.stall_ns),
+                      format_duration_ns(step.expected_stall_ns));
+    table_row(&out, "stall per step (measured / expected by the copy model)", per_step);
+  }
   table_row(&out, "out-of-memories",
             t.ooms == 0 ? std::string("0")
                         : fmt::format("{} (largest failed request {})", t.ooms,

@@ -104,11 +104,14 @@ class ModelBuilder {
           figures.stall_ns += event.size;
         });
         model_->stalls.push_back({event.time_ns, event.size, event.client, event.address});
+        totals.stall_ns_after_steps += event.size;
         break;
       case TraceEventKind::step:
         ++totals.steps;
-        model_->steps.push_back({event.time_ns, event.address, totals.ops_after_steps});
+        model_->steps.push_back({event.time_ns, event.address, totals.ops_after_steps,
+                                 totals.stall_ns_after_steps, event.size});
         totals.ops_after_steps = 0;
+        totals.stall_ns_after_steps = 0;
         break;
       case TraceEventKind::op_begin:
         ++totals.ops;

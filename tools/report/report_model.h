@@ -79,8 +79,12 @@ struct Stall {
 
 struct StepMark {
   std::uint64_t time_ns = 0;
-  std::uint64_t step = 0;  // the step just finished
-  std::uint64_t ops = 0;   // op_begin events since the previous step mark (version 3)
+  std::uint64_t step = 0;      // the step just finished
+  std::uint64_t ops = 0;       // op_begin events since the previous step mark (version 3)
+  std::uint64_t stall_ns = 0;  // stall events since the previous step mark
+  // The stall the copy model expected in the step (the step event's size;
+  // Note [Prefetch timed by op durations]); 0 in traces that predate it.
+  std::uint64_t expected_stall_ns = 0;
 };
 
 struct OutOfMemory {
@@ -122,9 +126,11 @@ struct ReportTotals {
   // The largest set of chunks one op needed at once (version 4; 0: not recorded).
   std::uint64_t min_budget_bytes = 0;
   std::uint64_t steps = 0;
-  std::uint64_t ops = 0;              // op_begin events (version 3)
-  std::uint64_t ops_after_steps = 0;  // ... after the last step mark
-  std::uint64_t chunk_accesses = 0;   // chunk_access events (version 3)
+  std::uint64_t ops = 0;  // op_begin events (version 3)
+  std::uint64_t ops_after_steps = 0;
+  std::uint64_t stall_ns_after_steps =
+      0;  // stall time after the last step mark  // ... after the last step mark
+  std::uint64_t chunk_accesses = 0;  // chunk_access events (version 3)
   std::uint64_t allocs = 0;
   std::uint64_t frees = 0;
   std::uint64_t segment_allocs = 0;

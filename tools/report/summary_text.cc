@@ -80,6 +80,14 @@ std::string summary_text(const ReportModel& model, std::string_view trace_name) 
                        ? fmt::format(" (+{} after the last step)", t.ops_after_steps)
                        : std::string());
   }
+  if (model.format_version >= 4 && !model.steps.empty()) {
+    std::string per_step;
+    for (const StepMark& step : model.steps)
+      per_step += fmt::format("{}{:.3f}/{:.3f}", per_step.empty() ? "" : ", ", step.stall_ns / 1e6,
+                              step.expected_stall_ns / 1e6);
+    fmt::format_to(line, "stall per step (ms, measured/expected by the copy model): {}\n",
+                   per_step);
+  }
   if (t.unmatched_frees > 0) {
     fmt::format_to(line, "note: {} frees had no matching live bytes (trace started mid-run?)\n",
                    t.unmatched_frees);

@@ -3,8 +3,10 @@
 // small for them, so chunks leave the device and come back every step.
 //
 // It prints the loss of every step, the model data against the budget, and
-// at the end spillway's statistics (evictions, bytes moved, stall time, peak
-// reserved). With --no-spillway it trains the same model on the same data
+// at the end spillway's statistics (evictions, bytes moved, prefetches, stall
+// time measured and expected, peak reserved). On the simulated device it
+// first trains the same model without spillway, whose step times are printed
+// beside spillway's. With --no-spillway it trains the same model on the same data
 // without spillway and prints the same losses; --check runs both in one
 // process and compares losses and final parameters bit for bit (exit status
 // 1 on a difference), which is what the ctest and tools/gpu_check.sh run.
@@ -29,6 +31,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -52,9 +55,13 @@ namespace {
 // (Note [torch's CPU allocator on the sim device]): torch::optim::Adam's state
 // and the activations take about 40 MiB of it, so the model data (about
 // 24 MiB) has room for a few chunks and spills every step.
+// policy:planned: Belady eviction from the traced first step, and prefetches
+// timed by its op durations against the modelled copy bandwidth
+// (sim_bandwidth; Note [Prefetch timed by op durations] in
+// allocator/policy/prefetch_timing.h).
 constexpr const char* kDefaultConf =
     "device:sim,strict_residency:true,chunk_size:2MiB,device_budget:48MiB,sim_capacity:256MiB,"
-    "policy:lru";
+    "sim_bandwidth:4GB/s,policy:planned";
 
 // The GPU: a budget that holds the demo's model data and activations, with
 // room to spare (the demo measures speed and bit-identity there; the sim
@@ -77,11 +84,17 @@ struct DemoOptions {
 
 struct RunResult {
   std::vector<float> losses;
+  std::vector<double> step_ms;
   std::vector<torch::Tensor> final_params;
   double seconds = 0;
 };
 
 double mib(double bytes) { return bytes / 1048576.0; }
+
+double median_ms(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
 
 nlohmann::json stats() { return nlohmann::json::parse(spillway::memory_stats_json()); }
 
@@ -140,7 +153,9 @@ void print_budget(Trainer& trainer, OptimizerKind optimizer) {
       mib(budget), model_data / budget, mib(double(runtime.config().chunk_size)));
 }
 
-RunResult train(const DemoOptions& demo, bool managed) {
+// `plain`: the same model's run without spillway, whose step times are
+// printed beside this run's.
+RunResult train(const DemoOptions& demo, bool managed, const RunResult* plain = nullptr) {
   TrainerOptions options = demo.trainer;
   options.manage = managed;
   if (demo.cuda) options.device = torch::Device(torch::kCUDA, 0);
@@ -161,6 +176,7 @@ RunResult train(const DemoOptions& demo, bool managed) {
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start)
             .count();
     result.losses.push_back(loss);
+    result.step_ms.push_back(ms);
     std::string moves;
     if (managed) {
       const nlohmann::json now = stats();
@@ -168,6 +184,12 @@ RunResult train(const DemoOptions& demo, bool managed) {
                           mib(stat(now, "bytes_moved.h2d") - stat(before, "bytes_moved.h2d")),
                           mib(stat(now, "bytes_moved.d2h") - stat(before, "bytes_moved.d2h")),
                           stat(now, "evictions") - stat(before, "evictions"));
+      moves += fmt::format("  prefetches {:3.0f}  stall {:5.1f} ms (expected {:5.1f})",
+                           stat(now, "prefetches") - stat(before, "prefetches"),
+                           stat(now, "stall_ns.actual.last_step") / 1e6,
+                           stat(now, "stall_ns.expected.last_step") / 1e6);
+      if (plain != nullptr && std::size_t(step) <= plain->step_ms.size())
+        moves += fmt::format("  (without spillway {:.0f} ms)", plain->step_ms[step - 1]);
       before = now;
     }
     // {} prints the shortest text that reads back as the same float, so two
@@ -193,9 +215,15 @@ RunResult train(const DemoOptions& demo, bool managed) {
                mib(stat(end, "bytes_moved.h2d")), mib(per_step("bytes_moved.h2d")));
     fmt::print("  bytes moved d2h      {:>10.1f} MiB {:6.1f} MiB / step\n",
                mib(stat(end, "bytes_moved.d2h")), mib(per_step("bytes_moved.d2h")));
-    fmt::print("  prefetches           {:>10.0f}\n", stat(end, "prefetches"));
+    fmt::print("  prefetches           {:>10.0f}   {:8.1f} / step\n", stat(end, "prefetches"),
+               per_step("prefetches"));
     fmt::print("  stall time           {:>10.1f} ms  {:6.1f} ms / step\n",
                stat(end, "stall_ns") / 1e6, per_step("stall_ns") / 1e6);
+    fmt::print("  stall expected       {:>10.1f} ms  {:6.1f} ms / step\n",
+               stat(end, "stall_ns.expected") / 1e6, per_step("stall_ns.expected") / 1e6);
+    if (plain != nullptr && !plain->step_ms.empty())
+      fmt::print("  step time            {:>10.1f} ms median; without spillway {:.1f} ms\n",
+                 median_ms(result.step_ms), median_ms(plain->step_ms));
     fmt::print("  peak reserved        {:>10.1f} MiB\n", mib(stat(end, "reserved_bytes.all.peak")));
     fmt::print("  peak allocated       {:>10.1f} MiB\n",
                mib(stat(end, "allocated_bytes.all.peak")));
@@ -318,10 +346,12 @@ int run(const DemoOptions& demo) {
   std::optional<RunResult> plain, managed;
   if (demo.check && demo.cuda) {
     plain = train_reference_in_child(demo);
-  } else if (demo.check || demo.no_spillway) {
+  } else if (demo.check || demo.no_spillway || !demo.cuda) {
+    // On the simulated device the plain run also times the same model without
+    // spillway, beside the managed run's steps.
     plain = train(demo, /*managed=*/false);
   }
-  if (managed_run) managed = train(demo, /*managed=*/true);
+  if (managed_run) managed = train(demo, /*managed=*/true, plain ? &*plain : nullptr);
   if (!demo.save_result.empty()) save_result(managed ? *managed : *plain, demo.save_result);
   if (!demo.trace.empty() && managed) fmt::print("trace: {} (completed at exit)\n", demo.trace);
   if (!demo.dump_trace.empty() && managed) {

@@ -48,6 +48,9 @@ struct ChunkRigOptions {
   std::function<std::unique_ptr<EvictionPolicy>()> make_policy;
   // ChunkManagerOptions::planned_prefetch.
   bool planned_prefetch = true;
+  // ChunkManagerOptions::copy_bytes_per_s is bandwidth_bytes_per_s: planned
+  // prefetches are timed (Note [Prefetch timed by op durations]).
+  bool timed_prefetch = false;
 };
 
 // The policy every suite runs under, as RMM runs one suite over every memory
@@ -80,6 +83,7 @@ struct ChunkRig {
     manager_options.host_budget_bytes = options.host_budget;
     manager_options.strict_residency = options.strict_residency;
     manager_options.planned_prefetch = options.planned_prefetch;
+    if (options.timed_prefetch) manager_options.copy_bytes_per_s = options.bandwidth_bytes_per_s;
     chunks = std::make_unique<ChunkManager>(
         *device, *allocator, manager_options,
         options.make_policy ? options.make_policy() : policy_under_test(), options.trace);

@@ -87,9 +87,10 @@ TEST(Runtime, ActivationsSpillModelDataWhichComesBackExact) {
   EXPECT_GT(runtime.stats().bytes_moved_h2d, 0);
 
   const std::string json = runtime.stats().to_json();
-  for (const char* key :
-       {"\"allocated_bytes.all.current\"", "\"reserved_bytes.all.peak\"", "\"chunk_bytes.device\"",
-        "\"bytes_moved.d2h\"", "\"evictions\"", "\"stall_ns\""}) {
+  for (const char* key : {"\"allocated_bytes.all.current\"", "\"reserved_bytes.all.peak\"",
+                          "\"chunk_bytes.device\"", "\"bytes_moved.d2h\"", "\"evictions\"",
+                          "\"stall_ns\"", "\"stall_ns.expected\"", "\"stall_ns.actual\"",
+                          "\"stall_ns.expected.last_step\"", "\"stall_ns.actual.last_step\""}) {
     EXPECT_NE(json.find(key), std::string::npos) << key << " missing from " << json;
   }
 }

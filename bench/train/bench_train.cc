@@ -1,0 +1,253 @@
+// bench_train: the demo's GPT (tools/train_demo) trained on the simulated
+// device under a budget that makes its chunks move every step, with the copy
+// bandwidth set so that one step's chunk traffic takes about as long as its
+// compute: how much of the step is stall under each policy, and how close the
+// planned one comes to the cost simulator's bound for the same trace.
+//
+//   metric train_compute_ms             a step with instant copies (compute)
+//   metric train_h2d_mib_per_step       the chunk traffic of that step
+//   metric train_sim_bandwidth_gbps     traffic / compute: the modelled bandwidth
+//   metric train_step_ms_{planned,lru}  median step at that bandwidth
+//   metric train_stall_fraction_{planned,lru}  host stall over step time
+//                                       (goal for planned: at most 0.05 where
+//                                       the simulator hides the traffic)
+//   metric train_stall_expected_fraction_planned  the stall the copy model
+//                                       expected (stall_ns.expected), same base
+//   metric train_sim_stall_fraction_planned  the cost simulator's, same trace
+//   metric train_traced_step_ms         the planned run's last step, from its trace
+//   metric train_step_vs_sim_bound      that step over the simulator's bound
+//                                       for it (goal <= 1.15)
+//
+// Each run is a child process of its own (spillway's configuration is once
+// per process): bench_train --child POLICY BANDWIDTH TRACE prints one
+// "child-result" line, which the parent reads.
+//
+//   bench_train [--steps N] [--warmup N] [--budget SIZE] [--threads N] [--layers N]
+//               [--d-model N] [--batch N] [--seq N]
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "allocator/config/options.h"
+#include "bench/common/metric_reporter.h"
+#include "bench/train/traced_step.h"
+#include "hooks/torch/spillway_torch.h"
+#include "tools/train_demo/trainer.h"
+#include "tracer/planner/cost_simulator.h"
+
+namespace spillway::bench {
+namespace {
+
+struct Options {
+  train_demo::TrainerOptions trainer;
+  int steps = 6;   // timed steps per run
+  int warmup = 3;  // untimed steps first (the planned policy's traced step among them)
+  std::string budget = "64MiB";  // the simulator hides most of the traffic here
+  std::string chunk_size = "2MiB";
+  int threads = 1;  // torch's intra-op threads in each run
+};
+
+struct ChildResult {
+  double step_ms = 0;        // median timed step
+  double stall_ms = 0;       // per timed step
+  double expected_ms = 0;    // per timed step
+  double h2d_bytes = 0;      // per timed step
+  double total_step_ms = 0;  // sum of timed steps
+};
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+double stat(const nlohmann::json& json, const char* key) {
+  return json.contains(key) ? json.at(key).get<double>() : 0.0;
+}
+
+std::string configuration(const Options& options, const std::string& policy, double bandwidth,
+                          const std::string& trace) {
+  std::string conf = fmt::format(
+      "device:sim,chunk_size:{},device_budget:{},sim_capacity:512MiB,policy:{},log:error",
+      options.chunk_size, options.budget, policy);
+  if (bandwidth > 0) conf += fmt::format(",sim_bandwidth:{:.0f}B/s", bandwidth);
+  if (trace != "-") conf += ",trace:" + trace;
+  return conf;
+}
+
+// One run, in this process: prints the child-result line.
+int run_child(const Options& options, const std::string& policy, double bandwidth,
+              const std::string& trace) {
+  // One compute thread: the simulated device's copies run on threads of
+  // their own, and torch's spinning workers on a shared machine make step
+  // times swing several-fold.
+  torch::set_num_threads(options.threads);
+  spillway::configure(configuration(options, policy, bandwidth, trace));
+  train_demo::TrainerOptions trainer_options = options.trainer;
+  trainer_options.manage = true;
+  train_demo::Trainer trainer(trainer_options);
+  for (int i = 0; i < options.warmup; ++i) trainer.step();
+  const nlohmann::json before = nlohmann::json::parse(spillway::memory_stats_json());
+  std::vector<double> steps;
+  for (int i = 0; i < options.steps; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    trainer.step();
+    steps.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+            .count());
+  }
+  const nlohmann::json after = nlohmann::json::parse(spillway::memory_stats_json());
+  const auto per_step = [&](const char* key) {
+    return (stat(after, key) - stat(before, key)) / options.steps;
+  };
+  double total = 0;
+  for (double ms : steps) total += ms;
+  fmt::print("child-result {} {} {} {} {}\n", median(steps), per_step("stall_ns") / 1e6,
+             per_step("stall_ns.expected") / 1e6, per_step("bytes_moved.h2d"), total);
+  std::fflush(stdout);
+  return 0;
+}
+
+// Runs this program again as a child and reads its result.
+ChildResult run_in_child(const std::vector<std::string>& base_args, const std::string& policy,
+                         double bandwidth, const std::string& trace) {
+  // popen runs a shell, whose /proc/self/exe is the shell: name this program.
+  std::string command = "'" + std::filesystem::read_symlink("/proc/self/exe").string() + "'";
+  for (const std::string& arg : base_args) command += " '" + arg + "'";
+  command += fmt::format(" --child {} {:.0f} {}", policy, bandwidth, trace);
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) throw std::runtime_error("cannot start " + command);
+  std::string output;
+  char buffer[4096];
+  while (std::fgets(buffer, sizeof buffer, pipe) != nullptr) output += buffer;
+  const int status = pclose(pipe);
+  const std::size_t at = output.find("child-result ");
+  if (status != 0 || at == std::string::npos)
+    throw std::runtime_error(
+        fmt::format("the {} run failed (status {}):\n{}", policy, status, output));
+  std::istringstream line(output.substr(at + 13));
+  ChildResult result;
+  line >> result.step_ms >> result.stall_ms >> result.expected_ms >> result.h2d_bytes >>
+      result.total_step_ms;
+  return result;
+}
+
+// The three runs and the simulator; failures go to report_failure.
+void measure(const Options& options, const std::vector<std::string>& base_args) {
+  // 1. Compute and traffic: instant copies.
+  const ChildResult instant = run_in_child(base_args, "planned", 0, "-");
+  const double bandwidth = instant.h2d_bytes / (instant.step_ms / 1e3);
+  report_metric("train_compute_ms", instant.step_ms, "ms");
+  report_metric("train_h2d_mib_per_step", instant.h2d_bytes / 1048576.0, "MiB");
+  report_metric("train_sim_bandwidth_gbps", bandwidth / 1e9, "GB/s");
+  if (bandwidth <= 0) {
+    report_failure("no chunk traffic: the budget holds the model; lower --budget");
+    return;
+  }
+  // 2. Both policies at that bandwidth; the planned run traced.
+  const std::string trace =
+      (std::filesystem::temp_directory_path() / fmt::format("bench_train_{}.trace", getpid()))
+          .string();
+  const ChildResult planned = run_in_child(base_args, "planned", bandwidth, trace);
+  const ChildResult lru = run_in_child(base_args, "lru", bandwidth, "-");
+  report_metric("train_step_ms_planned", planned.step_ms, "ms");
+  report_metric("train_step_ms_lru", lru.step_ms, "ms");
+  report_metric("train_stall_fraction_planned",
+                planned.stall_ms / (planned.total_step_ms / options.steps), "ratio");
+  report_metric("train_stall_fraction_lru", lru.stall_ms / (lru.total_step_ms / options.steps),
+                "ratio");
+  report_metric("train_stall_expected_fraction_planned",
+                planned.expected_ms / (planned.total_step_ms / options.steps), "ratio");
+  // 3. The cost simulator on the traced step (the last one).
+  const TraceReadResult read = read_trace_file(trace, {.allow_missing_end = true});
+  std::filesystem::remove(trace);
+  if (!read.ok()) {
+    report_failure(read.error);
+    return;
+  }
+  const auto last_step = static_cast<std::uint64_t>(options.warmup + options.steps);
+  const TracedStep traced = traced_step(*read.trace, last_step);
+  if (!traced.error.empty()) {
+    report_failure(traced.error);
+    return;
+  }
+  plan::CostModel model;
+  model.device_budget = *detail::parse_size(options.budget);
+  model.chunk_size = traced.chunk_size;
+  model.h2d_bytes_per_s = bandwidth;
+  model.d2h_bytes_per_s = bandwidth;
+  try {
+    const plan::StepBound bound = plan::step_bound(traced.step, model);
+    const plan::SimResult simulated =
+        plan::simulate(traced.step, model, plan::SimPolicy::planned, 4);
+    report_note(fmt::format("traced step: {} ops, compute {:.1f} ms, bound {:.1f} ms",
+                            traced.step.ops.size(), bound.compute_ns / 1e6, bound.bound_ns / 1e6));
+    report_metric("train_sim_bound_ms", bound.bound_ns / 1e6, "ms");
+    if (simulated.ok())
+      report_metric("train_sim_stall_fraction_planned",
+                    simulated.last().stall_ns / simulated.last().step_ns, "ratio");
+    // The traced step's own wall time: the same step the bound is for.
+    report_metric("train_traced_step_ms", traced.wall_ns / 1e6, "ms");
+    report_metric("train_step_vs_sim_bound", traced.wall_ns / bound.bound_ns, "ratio");
+  } catch (const std::exception& e) {
+    report_failure(std::string("cost simulator: ") + e.what());
+  }
+}
+
+int run_parent(const Options& options, const std::vector<std::string>& base_args) {
+  report_note(fmt::format("configuration: {}", configuration(options, "POLICY", 0, "-")));
+  benchmark::RegisterBenchmark("train",
+                               [options, base_args](benchmark::State& state) {
+                                 for (auto _ : state) {
+                                   try {
+                                     measure(options, base_args);
+                                   } catch (const std::exception& e) {
+                                     state.SkipWithError(e.what());
+                                   }
+                                 }
+                               })
+      ->Iterations(1)
+      ->Unit(benchmark::kMillisecond);
+  return run_and_report();
+}
+
+}  // namespace
+}  // namespace spillway::bench
+
+int main(int argc, char** argv) {
+  using namespace spillway::bench;
+  std::vector<std::string> base_args(argv + 1, argv + argc);
+  initialize(&argc, argv);
+  Options options;
+  std::vector<std::string> child;
+  CLI::App app{"bench_train: stall and step time of the demo's GPT on the simulated device"};
+  app.add_option("--steps", options.steps, "timed steps per run")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", options.warmup, "untimed steps first")->check(CLI::PositiveNumber);
+  app.add_option("--budget", options.budget, "device budget (activations and chunks)");
+  app.add_option("--chunk-size", options.chunk_size, "chunk size");
+  app.add_option("--threads", options.threads, "torch's intra-op threads per run")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--layers", options.trainer.model.layers, "transformer blocks");
+  app.add_option("--d-model", options.trainer.model.d_model, "model width");
+  app.add_option("--batch", options.trainer.batch, "sequences per step");
+  app.add_option("--seq", options.trainer.model.sequence, "sequence length");
+  app.add_option("--child", child, "internal: POLICY BANDWIDTH TRACE, one run")->expected(3);
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (!child.empty()) return run_child(options, child[0], std::stod(child[1]), child[2]);
+    return run_parent(options, base_args);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "bench_train: {}\n", e.what());
+    return 2;
+  }
+}

@@ -1,0 +1,105 @@
+// The step a trace file recorded as a StepTrace (traced_step.h).
+#include "bench/train/traced_step.h"
+
+#include <algorithm>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+namespace spillway::bench {
+
+TracedStep traced_step(const TraceFileContents& trace, std::uint64_t step) {
+  TracedStep result;
+  const std::vector<TraceEvent>& events = trace.events;
+  // Live allocator bytes and resident chunk capacity over the whole trace, so
+  // the step starts from the right figures.
+  std::unordered_map<std::uint64_t, std::uint64_t> live_blocks;  // address -> bytes
+  std::uint64_t live_bytes = 0;
+  std::uint64_t resident_chunk_bytes = 0;
+  bool in_step = step == 1;
+  std::uint64_t step_start_ns = 0;  // step 1: its first op
+  std::uint64_t step_end_ns = 0;
+  std::vector<std::uint64_t> begins;  // each moment's begin
+  std::vector<std::uint64_t> stalls;  // host stall inside each moment
+  auto non_model = [&] {
+    return live_bytes > resident_chunk_bytes ? live_bytes - resident_chunk_bytes : 0;
+  };
+  for (const TraceEvent& event : events) {
+    switch (event.kind) {
+      case TraceEventKind::alloc:
+        live_blocks[event.address] = event.size;
+        live_bytes += event.size;
+        break;
+      case TraceEventKind::free: {
+        const auto found = live_blocks.find(event.address);
+        if (found != live_blocks.end()) {
+          live_bytes -= found->second;
+          live_blocks.erase(found);
+        }
+        break;
+      }
+      case TraceEventKind::chunk_fetch:
+        resident_chunk_bytes += event.stream;  // chunk events: stream is the capacity
+        result.chunk_size = std::max(result.chunk_size, event.stream);
+        break;
+      case TraceEventKind::chunk_drop:
+        resident_chunk_bytes -= std::min(resident_chunk_bytes, event.stream);
+        break;
+      default:
+        break;
+    }
+    if (event.kind == TraceEventKind::step) {
+      if (event.address + 1 == step) {
+        in_step = true;
+        step_start_ns = event.time_ns;
+      }
+      if (event.address == step) {
+        step_end_ns = event.time_ns;
+        break;
+      }
+      continue;
+    }
+    if (!in_step) continue;
+    plan::StepTrace& out = result.step;
+    if (event.kind == TraceEventKind::op_begin && event.size == 0) {
+      const auto name = trace.op_names.find(event.client);
+      out.ops.push_back(
+          plan::TracedOp{name == trace.op_names.end() ? "op" : name->second, 0, non_model(), {}});
+      begins.push_back(event.time_ns);
+      stalls.push_back(0);
+      continue;
+    }
+    if (out.ops.empty()) continue;
+    plan::TracedOp& op = out.ops.back();
+    op.non_model_bytes = std::max(op.non_model_bytes, non_model());
+    if (event.kind == TraceEventKind::stall) stalls.back() += event.size;
+    if (event.kind == TraceEventKind::chunk_access) {
+      const auto chunk = static_cast<plan::PlanChunk>(event.address);
+      const bool write = event.detail == kTraceDetailReadWrite;
+      const auto seen = std::find_if(op.chunks.begin(), op.chunks.end(),
+                                     [&](const plan::ChunkUse& use) { return use.chunk == chunk; });
+      if (seen == op.chunks.end()) {
+        op.chunks.push_back({chunk, write});
+      } else {
+        seen->write = seen->write || write;
+      }
+    }
+  }
+  if (step_end_ns == 0) {
+    result.error = fmt::format("the trace has no end of step {}", step);
+    return result;
+  }
+  if (result.step.ops.empty()) {
+    result.error = fmt::format("step {} of the trace has no ops (op events need format 3)", step);
+    return result;
+  }
+  result.wall_ns = step_end_ns - (step == 1 ? begins.front() : step_start_ns);
+  for (std::size_t i = 0; i < begins.size(); ++i) {
+    const std::uint64_t end = i + 1 < begins.size() ? begins[i + 1] : step_end_ns;
+    const std::uint64_t span = end > begins[i] ? end - begins[i] : 0;
+    result.step.ops[i].duration_ns = span > stalls[i] ? span - stalls[i] : 0;
+  }
+  return result;
+}
+
+}  // namespace spillway::bench

@@ -1,0 +1,373 @@
+// Note [Prefetch timed by op durations] (allocator/policy/prefetch_timing.h):
+// the start decision on its own; in the planned policy, the fetch start
+// points a traced step's op durations and a copy bandwidth give, held back
+// until the latest start, queued behind earlier fetches, and today's
+// start-at-once when durations or bandwidth are unknown; with activations
+// sharing the device, a fetch that would force an extra spill waits; in the
+// chunk manager on the simulated device, the stalls it expects and measures.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "allocator/policy/planned_policy.h"
+#include "allocator/policy/prefetch_timing.h"
+#include "tests/allocator/chunk/chunk_test_support.h"
+
+namespace spillway::testing {
+namespace {
+
+constexpr std::uint64_t kMs = 1'000'000;
+
+ChunkId chunk(int id) { return static_cast<ChunkId>(id); }
+
+TEST(PrefetchTiming, StartsOnlyWhenTheNextPointWouldBeTooLate) {
+  FetchTiming timing{.now_ns = 0,
+                     .next_decision_ns = 1 * kMs,
+                     .use_ns = 10 * kMs,
+                     .fetch_stream_free_at_ns = 0,
+                     .copy_ns = 2 * kMs};
+  EXPECT_FALSE(must_start_now(timing)) << "started at 1 ms it still lands at 3.5 ms";
+  timing.next_decision_ns = 8 * kMs;
+  EXPECT_TRUE(must_start_now(timing)) << "at 8 ms, 2 ms plus the margin ends past 10 ms";
+  timing.next_decision_ns = 1 * kMs;
+  timing.fetch_stream_free_at_ns = 8 * kMs;
+  EXPECT_TRUE(must_start_now(timing)) << "queued behind fetches that end at 8 ms";
+  timing.fetch_stream_free_at_ns = 0;
+  timing.next_decision_ns = 0;
+  EXPECT_TRUE(must_start_now(timing)) << "no later point to wait for";
+}
+
+TEST(PrefetchTiming, ExpectedStallIsTheLatenessOfAStartNow) {
+  const FetchTiming timing{.now_ns = 5 * kMs,
+                           .next_decision_ns = 6 * kMs,
+                           .use_ns = 7 * kMs,
+                           .fetch_stream_free_at_ns = 6 * kMs,
+                           .copy_ns = 3 * kMs};
+  EXPECT_EQ(arrival_ns(timing, timing.now_ns), 9 * kMs);
+  EXPECT_EQ(expected_stall_ns(timing), 2 * kMs);
+  FetchTiming in_time = timing;
+  in_time.use_ns = 20 * kMs;
+  EXPECT_EQ(expected_stall_ns(in_time), 0u);
+}
+
+// The chunk manager's clock, as the test sets it.
+struct FakeClock final : CopyClock {
+  std::uint64_t now = 0;
+  std::uint64_t free_at = 0;
+  std::optional<std::uint64_t> copy;  // every chunk's; nullopt: bandwidth unknown
+  std::uint64_t now_ns() const override { return now; }
+  std::uint64_t fetch_stream_free_at_ns() const override { return free_at; }
+  std::optional<std::uint64_t> fetch_ns(ChunkId) const override { return copy; }
+};
+
+// Where each prefetch started: -1 at the step's end before the step, i after
+// the step's access i; and the stall each was expected to cost.
+struct StartPoints {
+  std::map<int, int> started_after;
+  std::map<int, std::uint64_t> expected_stall_ns;
+};
+
+// Starts, the way the chunk manager does, every prefetch the policy wants now.
+void start_prefetches(const PlannedPolicy& policy, FakeClock& clock, int point,
+                      StartPoints& points) {
+  while (const std::optional<PlannedFetch> fetch = policy.timed_prefetch(clock)) {
+    const int id = static_cast<int>(fetch->chunk);
+    points.started_after[id] = point;
+    points.expected_stall_ns[id] = fetch->expected_stall_ns;
+    if (clock.copy) clock.free_at = std::max(clock.free_at, clock.now) + *clock.copy;
+    const_cast<PlannedPolicy&>(policy).on_resident(fetch->chunk);
+  }
+}
+
+// Traces one step of chunks 0..count-1, access i at i ms (1 ms ops), ending
+// at count ms; then follows the next step the same way with `absent` off the
+// device, and returns where their prefetches started.
+StartPoints follow_after_trace(PlannedPolicy& policy, FakeClock& clock, int count,
+                               const std::set<int>& absent, bool stamp_times = true) {
+  auto access_at = [&](int id, std::uint64_t time) {
+    clock.now = time;
+    if (stamp_times) policy.note_time(time);
+    policy.on_access(chunk(id));
+  };
+  for (int id = 0; id < count; ++id) {
+    policy.on_resident(chunk(id));
+    access_at(id, static_cast<std::uint64_t>(id) * kMs);
+  }
+  clock.now = static_cast<std::uint64_t>(count) * kMs;
+  if (stamp_times) policy.note_time(clock.now);
+  policy.on_step_end();
+  EXPECT_STREQ(policy.state().phase, "following");
+  for (int id : absent) policy.on_evicted(chunk(id));
+  StartPoints points;
+  const std::uint64_t step_start = clock.now;
+  start_prefetches(policy, clock, -1, points);
+  for (int id = 0; id < count; ++id) {
+    access_at(id, step_start + static_cast<std::uint64_t>(id) * kMs);
+    start_prefetches(policy, clock, id, points);
+  }
+  return points;
+}
+
+TEST(PlannedPolicyTiming, AFetchStartsAtTheLatestAccessThatStillLandsItBeforeItsUse) {
+  // Chunks 6 and 7, used 6 and 7 ms into the step, copy in 1.5 ms each.
+  PlannedPolicy policy(1);
+  FakeClock clock;
+  clock.copy = 1500 * 1000;
+  const StartPoints points = follow_after_trace(policy, clock, 8, {6, 7});
+  // After access 3 (3 ms), starting after access 4 (4 ms) still lands 6 at
+  // 4 + 1.5 * 1.25 < 6 ms; after access 4 the next point (5 ms) is too late.
+  EXPECT_EQ(points.started_after.at(6), 4);
+  // 7 queues behind 6 (the fetch stream is a FIFO): at 5.5 + 1.5 * 1.25 >
+  // 7 ms it must start at once too, and lands at 7 ms.
+  EXPECT_EQ(points.started_after.at(7), 4);
+  EXPECT_EQ(points.expected_stall_ns.at(6), 0u);
+  EXPECT_EQ(points.expected_stall_ns.at(7), 0u);
+}
+
+TEST(PlannedPolicyTiming, LongerCopiesStartEarlierAndALateOneExpectsItsStall) {
+  PlannedPolicy policy(1);
+  FakeClock clock;
+  clock.copy = 3 * kMs;
+  const StartPoints points = follow_after_trace(policy, clock, 8, {6});
+  // Started after access 3 (3 ms), 3 ms * 1.25 would end past 6 ms: after 2.
+  EXPECT_EQ(points.started_after.at(6), 2);
+  PlannedPolicy slow_policy(1);
+  FakeClock slow;
+  slow.copy = 7 * kMs;
+  const StartPoints late = follow_after_trace(slow_policy, slow, 8, {6});
+  EXPECT_EQ(late.started_after.at(6), -1) << "it cannot make it: it starts at once";
+  EXPECT_EQ(late.expected_stall_ns.at(6), 1 * kMs) << "8 + 7 ms against the use at 8 + 6 ms";
+}
+
+TEST(PlannedPolicyTiming, UnknownDurationsOrBandwidthStartEveryFetchAtOnceAsBefore) {
+  PlannedPolicy unstamped(1);
+  FakeClock clock;
+  clock.copy = 1500 * 1000;
+  const StartPoints no_durations =
+      follow_after_trace(unstamped, clock, 8, {6, 7}, /*stamp_times=*/false);
+  EXPECT_FALSE(unstamped.timed());
+  EXPECT_EQ(no_durations.started_after.at(6), -1);
+  EXPECT_EQ(no_durations.started_after.at(7), -1);
+
+  PlannedPolicy stamped(1);
+  FakeClock no_bandwidth;  // copy unknown
+  const StartPoints untimed = follow_after_trace(stamped, no_bandwidth, 8, {6, 7});
+  EXPECT_TRUE(stamped.timed());
+  EXPECT_EQ(untimed.started_after.at(6), -1);
+  EXPECT_EQ(untimed.started_after.at(7), -1);
+}
+
+TEST(PlannedPolicyTiming, AFetchTakesNoRoomBeforeItsLatestStart) {
+  // Budget for 7 of the 8 chunks, 6 absent: an untimed prefetch takes the
+  // free room at the step's start, through every op before 6's use (where
+  // activations need it); the timed one leaves it free until after access 4.
+  PlannedPolicy policy(1);
+  FakeClock clock;
+  clock.copy = 1500 * 1000;
+  const StartPoints points = follow_after_trace(policy, clock, 8, {6});
+  EXPECT_EQ(points.started_after.at(6), 4);
+  PlannedPolicy untimed(1);
+  FakeClock unknown;
+  EXPECT_EQ(follow_after_trace(untimed, unknown, 8, {6}).started_after.at(6), -1);
+}
+
+TEST(PlannedPolicyTiming, TheNextStepIsPredictedFromTheTracedStepLength) {
+  // After a followed step (accesses at 8..15 ms), chunk 1 leaves; its next
+  // use is 1 ms into the next step, predicted at 15 + (8 - 7) + 1 = 17 ms.
+  PlannedPolicy policy(1);
+  FakeClock clock;
+  clock.copy = 500 * 1000;
+  follow_after_trace(policy, clock, 8, {});
+  policy.on_evicted(chunk(1));
+  StartPoints points;
+  start_prefetches(policy, clock, 7, points);
+  EXPECT_EQ(points.started_after.count(1), 0u) << "from 16 ms, 0.5 ms still lands by 17 ms";
+  clock.now = 16 * kMs;  // the step ends; the next access (0) comes at once
+  policy.note_time(clock.now);
+  policy.on_step_end();
+  start_prefetches(policy, clock, -1, points);
+  EXPECT_EQ(points.started_after.at(1), -1) << "access 0 is now: no later point before 1";
+}
+
+// A device of `slots` chunk-sized slots shared by chunks and activations,
+// driven the way the chunk manager drives the policy: a missing chunk is
+// fetched on use; after each access (chunk in use) and its release, the
+// policy's prefetches start, each evicting choose_victim_for_prefetch's
+// chunk when the device is full; an activation that finds it full spills
+// choose_victim's chunk (num_spills_for_allocation).
+class SlotDevice final : public EvictionCandidates {
+ public:
+  SlotDevice(PlannedPolicy& policy, FakeClock& clock, std::size_t slots)
+      : policy_(policy), clock_(clock), slots_(slots) {}
+  bool evictable(ChunkId id) const override {
+    return resident_.count(id) != 0 && (!in_use_ || *in_use_ != id);
+  }
+  void place(int id) {
+    resident_.insert(chunk(id));
+    policy_.on_resident(chunk(id));
+  }
+  void access(int id, std::uint64_t time) {
+    clock_.now = time;
+    policy_.note_time(time);
+    in_use_ = chunk(id);
+    if (resident_.count(chunk(id)) == 0) {
+      if (used() == slots_) evict(*policy_.choose_victim(*this));
+      fetch(chunk(id));
+    }
+    policy_.on_access(chunk(id));
+    prefetch();
+    in_use_.reset();
+    prefetch();
+  }
+  void allocate_activation() {
+    if (used() == slots_) {
+      const std::optional<ChunkId> victim = policy_.choose_victim(*this);
+      ASSERT_TRUE(victim.has_value());
+      evict(*victim);
+      ++spills;
+    }
+    ++activations_;
+  }
+  void free_activation() {
+    --activations_;
+    prefetch();
+  }
+  void end_step(std::uint64_t time) {
+    clock_.now = time;
+    policy_.note_time(time);
+    policy_.on_step_end();
+    prefetch();
+  }
+  int fetches = 0;
+  int spills = 0;
+
+ private:
+  std::size_t used() const { return resident_.size() + activations_; }
+  void evict(ChunkId victim) {
+    resident_.erase(victim);
+    policy_.on_evicted(victim);
+  }
+  void fetch(ChunkId id) {
+    resident_.insert(id);
+    policy_.on_resident(id);
+    ++fetches;
+    if (clock_.copy) clock_.free_at = std::max(clock_.free_at, clock_.now) + *clock_.copy;
+  }
+  void prefetch() {
+    while (const std::optional<PlannedFetch> next = policy_.timed_prefetch(clock_)) {
+      if (used() == slots_) {
+        const std::optional<ChunkId> victim =
+            policy_.choose_victim_for_prefetch(*this, next->chunk);
+        if (!victim) return;
+        evict(*victim);
+      }
+      fetch(next->chunk);
+    }
+  }
+
+  PlannedPolicy& policy_;
+  FakeClock& clock_;
+  std::size_t slots_;
+  std::set<ChunkId> resident_;
+  std::optional<ChunkId> in_use_;
+  std::size_t activations_ = 0;
+};
+
+struct SpillRun {
+  int fetches = 0;
+  int spills = 0;
+};
+
+// Chunks 0..4 used one per 1 ms op on 5 slots, an activation alive over op
+// 1 and another over op 3. The first spills chunk 0 (next used in the next
+// step). Fetched back as soon as the first activation is gone, it fills the
+// slot the second one needs, which spills chunk 2 (fetched again later);
+// fetched back when its use nears, after the second, it spills nothing.
+// Counts after the traced step.
+SpillRun run_with_activations(std::optional<std::uint64_t> copy_ns) {
+  PlannedPolicy policy(1);
+  FakeClock clock;
+  clock.copy = copy_ns;
+  SlotDevice device(policy, clock, 5);
+  for (int id = 0; id < 5; ++id) device.place(id);
+  SpillRun counted;
+  std::uint64_t start = 0;
+  for (int step = 0; step < 6; ++step) {
+    if (step == 1) counted = {device.fetches, device.spills};
+    for (int id = 0; id < 5; ++id) {
+      if (id == 1 || id == 3) device.allocate_activation();
+      device.access(id, start + static_cast<std::uint64_t>(id) * kMs);
+      if (id == 1 || id == 3) device.free_activation();
+    }
+    start += 5 * kMs;
+    device.end_step(start);
+  }
+  return {device.fetches - counted.fetches, device.spills - counted.spills};
+}
+
+TEST(PlannedPolicyTiming, AFetchThatWouldForceAnExtraSpillWaits) {
+  const SpillRun untimed = run_with_activations(std::nullopt);
+  const SpillRun timed = run_with_activations(500 * 1000);
+  std::printf(
+      "5 chunks on 5 slots, two activations: untimed %d fetches, %d spills; timed %d "
+      "fetches, %d spills\n",
+      untimed.fetches, untimed.spills, timed.fetches, timed.spills);
+  // Five followed steps: one spill and one fetch each (chunk 0, for the first
+  // activation) timed; untimed, chunk 2's spill and fetch besides.
+  EXPECT_EQ(timed.spills, 5);
+  EXPECT_EQ(timed.fetches, 5);
+  EXPECT_EQ(untimed.spills, 10);
+  EXPECT_EQ(untimed.fetches, 10);
+}
+
+// In the chunk manager on the simulated device (sim_bandwidth): copies too
+// slow to hide behind no compute stall every access; the stats say so, for
+// the step and in total, expected and measured.
+TEST(PlannedPolicyTiming, TheChunkManagerReportsExpectedAndActualStallsPerStep) {
+  ChunkRigOptions options;
+  options.chunk_budget = 3 * options.chunk_size;
+  options.bandwidth_bytes_per_s = 2e9;  // 2 MiB in about 1 ms
+  options.timed_prefetch = true;
+  // Planned from the second step, whose accesses are the ones that follow
+  // (the first writes the bytes, and its ops take that long).
+  options.make_policy = [] { return std::make_unique<PlannedPolicy>(2); };
+  ChunkRig rig(options);
+  ChunkManager& chunks = *rig.chunks;
+  const ClientId model = chunks.add_client("model");
+  std::vector<TensorId> ids;
+  for (int i = 0; i < 5; ++i) ids.push_back(register_ok(chunks, model, options.chunk_size, "l"));
+  std::vector<std::uint8_t> bytes(options.chunk_size, 7);
+  for (TensorId id : ids) write_on_device(chunks, id, bytes);
+  chunks.end_step();
+  for (int step = 0; step < 4; ++step) {
+    for (TensorId id : ids) {
+      void* data = nullptr;
+      ASSERT_EQ(chunks.acquire(id, Stream{}, &data, AccessMode::read, WaitMode::host), Status::ok)
+          << ChunkManager::last_error();
+      ASSERT_EQ(chunks.release(id, Stream{}), Status::ok);
+    }
+    chunks.end_step();
+  }
+  Stats stats;
+  chunks.stats().add_to(&stats);
+
+  EXPECT_GT(stats.stall_last_actual, 0) << "every step fetches two chunks it cannot hide";
+  EXPECT_GT(stats.stall_last_expected, 0) << "the copy model sees them coming late";
+  EXPECT_GT(stats.stall_ns_expected, stats.stall_last_expected) << "totals span every step";
+  EXPECT_EQ(stats.stall_ns_actual, stats.stall_ns);
+  EXPECT_GE(stats.stall_ns_actual, stats.stall_last_actual);
+  EXPECT_EQ(chunks.client_stats(model).stall_expected_ns, stats.stall_ns_expected);
+  std::printf(
+      "5 chunks under 3, no compute, 2 GB/s: last step stall expected %.2f ms, "
+      "measured %.2f ms\n",
+      stats.stall_last_expected / 1e6, stats.stall_last_actual / 1e6);
+}
+
+}  // namespace
+}  // namespace spillway::testing
