@@ -108,15 +108,30 @@ std::uint64_t ChunkManager::steps_ended() const {
   return steps_ended_;
 }
 
+// The layout figures of ChunkStats, from the chunks as they are now.
+void ChunkManager::add_layout_locked(std::span<const ChunkId> chunks, ChunkStats* stats) const {
+  for (ChunkId id : chunks) {
+    const Chunk& chunk = *find_chunk_locked(id);
+    stats->capacity_bytes += static_cast<std::int64_t>(chunk.capacity);
+    for (TensorId tensor : chunk.tensors)
+      stats->tensor_bytes += static_cast<std::int64_t>(find_tensor_locked(tensor)->bytes);
+  }
+}
+
 ChunkStats ChunkManager::stats() const {
   std::lock_guard lock(mutex_);
-  return stats_;
+  ChunkStats stats = stats_;
+  for (const auto& [id, client] : clients_) add_layout_locked(client.chunks, &stats);
+  return stats;
 }
 
 ChunkStats ChunkManager::client_stats(ClientId id) const {
   std::lock_guard lock(mutex_);
   auto client = clients_.find(id);
-  return client == clients_.end() ? ChunkStats{} : client->second.stats;
+  if (client == clients_.end()) return ChunkStats{};
+  ChunkStats stats = client->second.stats;
+  add_layout_locked(client->second.chunks, &stats);
+  return stats;
 }
 
 // --- The smallest budget -------------------------------------------------

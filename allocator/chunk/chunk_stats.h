@@ -1,7 +1,8 @@
 // ChunkStats: the chunk manager's figures, kept per client and in total.
 // add_to() writes them under the contract keys of Stats (chunk_bytes.*,
-// bytes_moved.*, evictions, prefetches, stall_ns, num_budget_overruns); the counts of fetches and
-// write-backs have no contract key and are reported here only.
+// bytes_moved.*, evictions, prefetches, stall_ns, num_budget_overruns,
+// chunk_bytes.capacity|tensors, whose ratio is chunk_fill_ratio); the counts
+// of fetches and write-backs have no contract key and are reported here only.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,13 @@ struct ChunkStats {
   std::int64_t prefetches = 0;       // fetches started by prefetch()
   std::int64_t stall_ns = 0;         // time acquire blocked the host waiting for a move
   std::int64_t budget_overruns = 0;  // acquires that came in past a budget
+  // The chunks as laid out (computed when asked): the capacity of every
+  // chunk, wherever its bytes are, and the bytes of their tensors.
+  std::int64_t capacity_bytes = 0;
+  std::int64_t tensor_bytes = 0;
+
+  // tensor_bytes over capacity_bytes (chunk_fill_ratio); 0 without chunks.
+  double fill_ratio() const { return chunk_fill_ratio(tensor_bytes, capacity_bytes); }
 
   // Adds these figures to the chunk keys of `stats`.
   void add_to(Stats* stats) const {
@@ -32,6 +40,8 @@ struct ChunkStats {
     stats->prefetches += prefetches;
     stats->stall_ns += stall_ns;
     stats->num_budget_overruns += budget_overruns;
+    stats->chunk_bytes_capacity += capacity_bytes;
+    stats->chunk_bytes_tensors += tensor_bytes;
   }
 
   friend bool operator==(const ChunkStats&, const ChunkStats&) = default;
