@@ -10,9 +10,11 @@
 // each eviction queues its write-back and deallocates at once (Note [Reuse
 // fences]), so nothing blocks here.
 // The freed blocks belong to the fetch stream, and S cannot take them as
-// blocks; but each is a whole slab (chunk_size = large_slab_bytes), so the
-// allocator's retry returns those segments to the device and reserves one
-// for S. Returning a segment (cudaFree, SimDevice::free) waits for all
+// blocks; but a full chunk is a whole slab (chunk_size = large_slab_bytes),
+// so the allocator's retry returns those segments to the device and reserves
+// one for S. A chunk below chunk_size (Note [Packing tensors]: a chunk holds
+// what its tensors need) is a block of a slab, and frees that slab once its
+// neighbours in it are free too. Returning a segment (cudaFree, SimDevice::free) waits for all
 // device work, our write-backs included, so the memory is idle when S gets
 // it. Chunks of 1 MiB or less live in the allocator's small pool, two to a
 // slab, and a freed one may not free a slab: use chunks above 1 MiB.
