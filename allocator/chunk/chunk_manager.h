@@ -276,6 +276,9 @@ class ChunkManager final : public PressureHandler {
                           OverBudget over_budget);
   // Starts the fetches the policy's plan wants next.
   void prefetch_planned_locked();
+  // What a chunk's device copy takes from the allocator (Note [A device
+  // copy is a whole slab] in chunk_manager.cc).
+  std::size_t device_copy_bytes(const Chunk& chunk) const;
   Status allocate_device_copy_locked(Chunk& chunk, FetchReason reason,
                                      const TensorRecord* wanted_by, OverBudget over_budget,
                                      void** data);

@@ -11,9 +11,9 @@
 //    (best fit), so a tensor that does not fit the newest chunk still fills
 //    the gap an earlier one left, and a later small one fills that chunk's.
 //    Only the last few are open, so a tensor sits near its neighbours in
-//    registration order and a phase still touches few chunks. (Four: on the
-//    demo GPT's 2 MiB chunks, tensor bytes over the slabs the chunks take
-//    are 0.94 with four, 0.87 with two, 0.68 with one; docs/benchmarks.md.)
+//    registration order and a phase still touches few chunks. (Two: best
+//    fit takes the demo GPT from 18 chunks of 2 MiB to 14, and more open
+//    chunks save none on the models measured; docs/benchmarks.md.)
 //  - When none holds it, it opens a new chunk. A tensor larger than
 //    chunk_size gets a chunk of exactly its size, which nothing joins.
 //  - A chunk's capacity is what its tensors need (the end of its last
@@ -21,9 +21,10 @@
 //    a block, never more than chunk_size rounded. It grows as tensors join,
 //    which is sound only while the chunk has no payload: the chunk manager
 //    stops offering a chunk once it has bytes (Note [Sealed chunks] in
-//    chunk_layout.cc). So a group's last chunk is not a whole slab of
-//    mostly nothing, and chunk_fill_ratio (tensor bytes over chunk bytes)
-//    loses only alignment and the room that no later tensor fitted.
+//    chunk_layout.cc). So a group's last chunk's host copy is not a whole
+//    slab of mostly nothing, and chunk_fill_ratio (tensor bytes over chunk
+//    bytes) loses only alignment. (The device copy is a whole slab all the
+//    same: Note [A device copy is a whole slab] in chunk_manager.cc.)
 #pragma once
 
 #include <cstddef>
@@ -38,7 +39,7 @@ class ChunkPacker {
   // CachingAllocator::kRoundBytes (chunk_layout.cc checks they agree).
   static constexpr std::size_t kChunkRoundBytes = 512;
   // How many of a group's newest chunks a tensor may join (best fit).
-  static constexpr std::size_t kOpenChunks = 4;
+  static constexpr std::size_t kOpenChunks = 2;
 
   // A chunk of the group that tensors may still join, as its caller sees it.
   struct OpenChunk {

@@ -74,7 +74,7 @@ void ChunkManager::trace_chunk_locked(TraceEventKind kind, const Chunk& chunk, s
   TraceEvent event;
   event.time_ns = device_.now_ns();
   event.kind = kind;
-  event.stream = chunk.capacity;
+  event.stream = device_copy_bytes(chunk);  // Note [A device copy is a whole slab]
   event.address = static_cast<std::uint64_t>(chunk.id);
   event.size = size;
   event.detail = detail;
@@ -153,7 +153,7 @@ std::size_t ChunkManager::note_working_set(std::span<const TensorId> tensors,
     if (tensor == nullptr || std::find(seen.begin(), seen.end(), tensor->chunk) != seen.end())
       continue;
     seen.push_back(tensor->chunk);
-    bytes += find_chunk_locked(tensor->chunk)->capacity;
+    bytes += device_copy_bytes(*find_chunk_locked(tensor->chunk));
   }
   if (bytes > min_budget_bytes_) {
     min_budget_bytes_ = bytes;

@@ -26,9 +26,8 @@
 //                               the layout's own figure.
 //   chunk_device_fill_demo_gpt  the demo GPT's tensor bytes over the bytes
 //                               the caching allocator holds for its chunks,
-//                               all resident: a chunk smaller than a slab
-//                               gets the whole slab when less than 1 MiB
-//                               would be left (Note [Split and coalesce]).
+//                               all resident: every device copy is a whole
+//                               slab (Note [A device copy is a whole slab]).
 //
 // On a usable GPU (CudaDevice::probe), also (for tools/gpu_check.sh):
 //   chunk_h2d_vs_memcpy, chunk_d2h_vs_memcpy
@@ -377,7 +376,7 @@ struct Fill {
 // Registers `shape`'s tensors with a chunk manager and reads its
 // chunk_fill_ratio; with `make_resident`, also acquires every tensor once,
 // so every chunk has its device copy, and divides the tensor bytes by what
-// the allocator hands the chunks (a chunk below a slab may get it whole).
+// the allocator hands the chunks.
 Fill fill_of(const chunksize::GptModuleShape& shape, std::size_t chunk_size, bool make_resident) {
   SimDeviceOptions sim;
   sim.poison_byte = -1;

@@ -228,12 +228,13 @@ class ModelBuilder {
 
 // Note [Chunk fill from the trace]
 // The trace has no event for a tensor's registration, but every chunk_fetch
-// carries the chunk's capacity (stream) and copies its used bytes (size): the
+// carries the bytes of the chunk's device copy (stream: a whole slab, or the
+// chunk's own size above chunk_size) and copies its used bytes (size): the
 // end of its last tensor, which Note [Packing tensors] packs at 256-byte
-// boundaries. So the chunks' fill is their used bytes over their capacity,
-// over the chunks fetched at least once; it reads the statistic
-// chunk_fill_ratio plus alignment padding (under 256 bytes a tensor), and it
-// misses chunks only ever used on the host.
+// boundaries. So the chunks' fill on the device is their used bytes over
+// their device copies, over the chunks fetched at least once. It counts
+// alignment padding (under 256 bytes a tensor) as used and misses chunks only
+// ever used on the host; the statistic chunk_fill_ratio is over capacities.
 double ReportTotals::chunk_fill_ratio() const {
   return fetched_chunk_capacity_bytes == 0 ? 0.0
                                            : static_cast<double>(fetched_chunk_used_bytes) /

@@ -141,17 +141,16 @@ TEST(ChunkSmallestBudget, TheLargestSetOfDistinctChunksOneUserNeeds) {
   const TensorId c = register_ok(chunks, client, 2 * MiB, "c");    // a chunk of its own
   ASSERT_EQ(chunks.tensor_info(a)->chunk, chunks.tensor_info(b)->chunk);
   EXPECT_EQ(chunks.min_budget_bytes(), 0u);
-  // Capacities: a and b's chunk holds 1.5 MiB (Note [Packing tensors]), c's 2 MiB.
-  EXPECT_EQ(chunks.note_working_set(std::vector<TensorId>{a, b, a}, "aten::add"), 1536 * KiB);
-  EXPECT_EQ(chunks.note_working_set(std::vector<TensorId>{a, c}, "aten::addmm"), 3584 * KiB);
+  EXPECT_EQ(chunks.note_working_set(std::vector<TensorId>{a, b, a}, "aten::add"), 2 * MiB);
+  EXPECT_EQ(chunks.note_working_set(std::vector<TensorId>{a, c}, "aten::addmm"), 4 * MiB);
   EXPECT_EQ(chunks.note_working_set(std::vector<TensorId>{c}, "aten::relu"), 2 * MiB);
-  EXPECT_EQ(chunks.min_budget_bytes(), 3584 * KiB);
+  EXPECT_EQ(chunks.min_budget_bytes(), 4 * MiB);
   EXPECT_EQ(chunks.min_budget_user(), "aten::addmm");
   // Traced each time it grows.
   const std::vector<TraceEvent> grown = trace.of_kind(TraceEventKind::min_budget);
   ASSERT_EQ(grown.size(), 2u);
-  EXPECT_EQ(grown[0].size, 1536 * KiB);
-  EXPECT_EQ(grown[1].size, 3584 * KiB);
+  EXPECT_EQ(grown[0].size, 2 * MiB);
+  EXPECT_EQ(grown[1].size, 4 * MiB);
 }
 
 }  // namespace

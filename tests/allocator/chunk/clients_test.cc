@@ -100,16 +100,15 @@ TEST(ChunkClients, RemovingAClientFreesItsMemoryOnBothSides) {
   ChunkManager& chunks = *rig.chunks;
   const ClientId keep = chunks.add_client("keep");
   const ClientId gone = chunks.add_client("gone");
-  // Tensors filling their chunks: each chunk is a whole slab of the allocator.
-  const TensorId kept = register_ok(chunks, keep, 2 * MiB, "kept");
-  const auto kept_bytes = random_bytes(2 * MiB, 1);
+  const TensorId kept = register_ok(chunks, keep, 1536 * KiB, "kept");
+  const auto kept_bytes = random_bytes(1536 * KiB, 1);
   write_on_device(chunks, kept, kept_bytes);
   const HostPoolStats host_before = chunks.host_pool_stats();
 
   std::vector<TensorId> ids;
   for (int i = 0; i < 8; ++i) {
-    ids.push_back(register_ok(chunks, gone, 2 * MiB, "g" + std::to_string(i)));
-    write_on_device(chunks, ids.back(), random_bytes(2 * MiB, 10 + i));
+    ids.push_back(register_ok(chunks, gone, 1536 * KiB, "g" + std::to_string(i)));
+    write_on_device(chunks, ids.back(), random_bytes(1536 * KiB, 10 + i));
   }
   EXPECT_GT(chunks.client_stats(gone).chunk_bytes_device, 0);
   EXPECT_GT(chunks.client_stats(gone).chunk_bytes_host, 0);

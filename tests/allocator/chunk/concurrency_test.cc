@@ -142,11 +142,9 @@ struct StressShape {
 
 void run_stress(const StressShape& shape) {
   ChunkRigOptions options;
-  // Room for every worker's chunk in compute plus a few to cycle through:
-  // each tensor here is written as soon as it is registered, so it has a
-  // chunk of its own, of its size (under 512 KiB).
+  // Room for every worker's chunk in compute plus a few to cycle through.
   options.allocator_budget = 32 * MiB;
-  options.chunk_budget = static_cast<std::size_t>(shape.threads + 3) * 512 * KiB;
+  options.chunk_budget = static_cast<std::size_t>(shape.threads + 3) * options.chunk_size;
   options.copy_latency_ns = 5'000;
   ChunkRig rig(options);
   ChunkManager& chunks = *rig.chunks;
@@ -222,7 +220,7 @@ TEST(ChunkConcurrency, RepeatedStepsTakenInTurnsFromSeveralThreads) {
   };
   std::vector<Tensor> tensors(kAccessesPerStep);
   for (int i = 0; i < kAccessesPerStep; ++i) {
-    const std::size_t bytes = 2 * MiB - static_cast<std::size_t>(i);  // a whole chunk each
+    const std::size_t bytes = 1536 * KiB + static_cast<std::size_t>(i);  // a chunk each
     tensors[i] = {register_ok(chunks, client, bytes, "t" + std::to_string(i)),
                   random_bytes(bytes, 500 + i)};
   }

@@ -13,7 +13,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// One tensor filling each chunk, so tensor i is chunk i, a whole slab.
+// One tensor filling most of each chunk, so tensor i is chunk i.
 std::vector<TensorId> one_tensor_per_chunk(ChunkManager& chunks, ClientId client, int count,
                                            std::size_t bytes) {
   std::vector<TensorId> ids;
@@ -29,7 +29,7 @@ TEST(ChunkEviction, AChunkInComputeIsNeverEvicted) {
   ChunkRig rig(options);
   ChunkManager& chunks = *rig.chunks;
   const ClientId client = chunks.add_client("model");
-  const std::size_t bytes = options.chunk_size;
+  const std::size_t bytes = 1536 * KiB;
   const auto ids = one_tensor_per_chunk(chunks, client, 10, bytes);
   const auto pinned_bytes = random_bytes(bytes, 1);
   write_on_device(chunks, ids[0], pinned_bytes);
@@ -101,12 +101,11 @@ TEST(ChunkEviction, LruEvictsTheLeastRecentlyAccessedChunk) {
   ChunkRig rig(options);
   ChunkManager& chunks = *rig.chunks;
   const ClientId client = chunks.add_client("model");
-  const std::size_t bytes = options.chunk_size;
-  const auto ids = one_tensor_per_chunk(chunks, client, 4, bytes);
-  for (int i = 0; i < 3; ++i) write_on_device(chunks, ids[i], random_bytes(bytes, i));
+  const auto ids = one_tensor_per_chunk(chunks, client, 4, 1536 * KiB);
+  for (int i = 0; i < 3; ++i) write_on_device(chunks, ids[i], random_bytes(1536 * KiB, i));
   // Touch 0 again: 1 is now the least recent.
-  write_on_device(chunks, ids[0], random_bytes(bytes, 9));
-  write_on_device(chunks, ids[3], random_bytes(bytes, 3));
+  write_on_device(chunks, ids[0], random_bytes(1536 * KiB, 9));
+  write_on_device(chunks, ids[3], random_bytes(1536 * KiB, 3));
   EXPECT_EQ(chunks.tensor_info(ids[1])->location, Location::host);
   EXPECT_EQ(chunks.tensor_info(ids[0])->location, Location::device);
   EXPECT_EQ(chunks.tensor_info(ids[2])->location, Location::device);
