@@ -12,7 +12,7 @@
 namespace spillway {
 
 struct ChunkStats {
-  std::int64_t chunk_bytes_device = 0;  // capacity of chunks resident on the device
+  std::int64_t chunk_bytes_device = 0;  // device copies of resident chunks (whole slabs)
   std::int64_t chunk_bytes_host = 0;    // host payload bytes held (pinned or pageable)
   std::int64_t fetches = 0;             // host-to-device moves, prefetches included
   std::int64_t writebacks = 0;          // device-to-host moves (dirty evictions)
