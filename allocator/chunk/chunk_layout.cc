@@ -3,13 +3,14 @@
 // chunk_manager.cc; what the manager reports: chunk_reports.cc.)
 //
 // Where tensors go: ChunkPacker's rule (Note [Packing tensors] in
-// chunk_packer.h), with each client's open chunk per (kind, slot).
+// chunk_packer.h), with each client's open chunks per (kind, slot).
 //
 // Note [Sealed chunks]
 // Once a chunk has bytes anywhere (its first access), no tensor joins it: a
 // newcomer's bytes must read as zeros, but the device copy's tail past
 // used_bytes was never written, and moves copy only up to used_bytes. The
-// next tensor opens a new chunk; the sealed one's spare room stays unused.
+// next tensor opens a new chunk. Nor does a sealed chunk grow: its payloads
+// were allocated at its capacity, which is final from then on.
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -68,25 +69,34 @@ Status ChunkManager::register_tensor(ClientId client_id, const TensorSpec& spec,
   return Status::ok;
 }
 
-// Note [Packing tensors] in chunk_packer.h; a sealed chunk takes no tensor.
+// Note [Packing tensors] in chunk_packer.h; a sealed chunk takes no tensor,
+// and only an unsealed one may grow.
 void ChunkManager::place_tensor_locked(TensorId id, TensorRecord& tensor, Client& client) {
-  const auto key = std::make_pair(tensor.spec.kind, tensor.spec.slot);
-  Chunk* open = nullptr;
-  if (auto found = client.open_chunks.find(key); found != client.open_chunks.end()) {
-    open = find_chunk_locked(found->second);
+  std::vector<ChunkId>& open =
+      client.open_chunks[std::make_pair(tensor.spec.kind, tensor.spec.slot)];
+  std::erase_if(open, [&](ChunkId chunk) { return find_chunk_locked(chunk)->sealed; });
+  if (open.size() > ChunkPacker::kOpenChunks) {
+    open.erase(open.begin(), open.end() - static_cast<std::ptrdiff_t>(ChunkPacker::kOpenChunks));
   }
-  std::optional<ChunkPacker::OpenChunk> joinable;
-  if (open != nullptr && !open->sealed)
-    joinable = ChunkPacker::OpenChunk{open->capacity, open->used_bytes};
-  const ChunkPacker::Placement placement =
-      ChunkPacker(options_.chunk_size).place(tensor.bytes, joinable ? &*joinable : nullptr);
-  Chunk* chunk = open;
-  if (placement.where != ChunkPacker::Where::open_chunk) {
+  std::vector<ChunkPacker::OpenChunk> open_view;
+  open_view.reserve(open.size());
+  for (ChunkId chunk : open) open_view.push_back({find_chunk_locked(chunk)->used_bytes});
+  const ChunkPacker packer(options_.chunk_size);
+  const ChunkPacker::Placement placement = packer.place(tensor.bytes, open_view);
+  Chunk* chunk = nullptr;
+  if (placement.where == ChunkPacker::Where::open_chunk) {
+    chunk = find_chunk_locked(open[placement.open_index]);
+  } else {
+    const bool own = placement.where == ChunkPacker::Where::own_chunk;
+    // An open chunk may grow to chunk_capacity(): its inaccessible range is
+    // reserved at that size once (address space only).
     chunk = &new_chunk_locked(tensor.client, client, tensor.spec.kind, tensor.spec.slot,
-                              placement.capacity);
-    if (placement.where == ChunkPacker::Where::new_chunk) client.open_chunks[key] = chunk->id;
+                              own ? placement.capacity : packer.chunk_capacity());
+    if (!own) open.push_back(chunk->id);
   }
   SPILLWAY_INVARIANT(!chunk->sealed, "Note [Sealed chunks]: no tensor joins a chunk with bytes");
+  SPILLWAY_INVARIANT(placement.capacity >= chunk->capacity, "a chunk only grows while it is open");
+  chunk->capacity = placement.capacity;
   chunk->tensors.push_back(id);
   chunk->used_bytes = placement.offset + tensor.bytes;
   tensor.chunk = chunk->id;
@@ -94,15 +104,14 @@ void ChunkManager::place_tensor_locked(TensorId id, TensorRecord& tensor, Client
 }
 
 Chunk& ChunkManager::new_chunk_locked(ClientId client_id, Client& client, TensorKind kind,
-                                      std::uint32_t slot, std::size_t capacity) {
+                                      std::uint32_t slot, std::size_t reserve_bytes) {
   const ChunkId id{static_cast<std::uint32_t>(chunks_.size())};
   auto& chunk = chunks_.emplace_back(std::make_unique<Chunk>());
   chunk->id = id;
   chunk->client = client_id;
   chunk->kind = kind;
   chunk->slot = slot;
-  chunk->capacity = capacity;
-  if (options_.strict_residency) chunk->inaccessible = InaccessibleMapping(capacity);
+  if (options_.strict_residency) chunk->inaccessible = InaccessibleMapping(reserve_bytes);
   client.chunks.push_back(id);
   return *chunk;
 }

@@ -10,15 +10,14 @@
 // each eviction queues its write-back and deallocates at once (Note [Reuse
 // fences]), so nothing blocks here.
 // The freed blocks belong to the fetch stream, and S cannot take them as
-// blocks; but each is a whole slab (chunk_size = large_slab_bytes), so the
-// allocator's retry returns those segments to the device and reserves one
-// for S. Returning a segment (cudaFree, SimDevice::free) waits for all
-// device work, our write-backs included, so the memory is idle when S gets
-// it. Chunks of 1 MiB or less live in the allocator's small pool, two to a
-// slab, and a freed one may not free a slab: use chunks above 1 MiB.
-// When the allocator calls us from inside our own fetch (we asked it for a
-// device copy and it ran out), we answer 0: the fetch evicts by itself,
-// under the lock it already holds (AllocatingScope).
+// blocks; but each is a whole slab (chunk_size = large_slab_bytes, Note [A
+// device copy is a whole slab]), so the allocator's retry returns those
+// segments to the device and reserves one for S. Returning a segment (cudaFree, SimDevice::free)
+// waits for all device work, our write-backs included, so the memory is idle when S gets it. Chunks
+// of 1 MiB or less live in the allocator's small pool, two to a slab, and a freed one may not free
+// a slab: use chunks above 1 MiB. When the allocator calls us from inside our own fetch (we asked
+// it for a device copy and it ran out), we answer 0: the fetch evicts by itself, under the lock it
+// already holds (AllocatingScope).
 //
 // Note [Waiting outside the lock]
 // Host waits (WaitMode::host, acquire_host) happen after unlocking, so other
@@ -60,6 +59,7 @@
 #include <fmt/format.h>
 
 #include "allocator/chunk/chunk.h"
+#include "allocator/chunk/chunk_packer.h"
 #include "allocator/config/format_bytes.h"
 #include "allocator/config/invariant.h"
 #include "allocator/config/log.h"
@@ -405,14 +405,14 @@ Status ChunkManager::fetch_locked(Chunk& chunk, FetchReason reason, const Tensor
                                   OverBudget over_budget) {
   const bool is_prefetch = reason != FetchReason::use;
   const std::size_t budget = effective_budget_locked();
-  if (chunk.capacity > budget && over_budget == OverBudget::fail) {
+  if (device_copy_bytes(chunk) > budget && over_budget == OverBudget::fail) {
     if (reason == FetchReason::planned_prefetch) return Status::out_of_memory;  // its use will say
     return fail(
         Status::out_of_memory,
         fmt::format("{} of {}: its {} needs {} on the device, more than the whole {} "
                     "budget of {}",
                     is_prefetch ? "prefetch" : "acquire", tensor_label_locked(*wanted_by),
-                    chunk_label_locked(chunk), format_bytes(chunk.capacity),
+                    chunk_label_locked(chunk), format_bytes(device_copy_bytes(chunk)),
                     budget == device_budget_bytes_ ? "chunk" : "device", format_bytes(budget)));
   }
   if (Status status = make_room_locked(chunk, reason, wanted_by, over_budget);
@@ -430,8 +430,8 @@ Status ChunkManager::fetch_locked(Chunk& chunk, FetchReason reason, const Tensor
       return status;
     }
   }
-  if (Status status =
-          mover_.fetch(chunk.moves, data, chunk.capacity, chunk.host.data, chunk.used_bytes);
+  if (Status status = mover_.fetch(chunk.moves, data, device_copy_bytes(chunk), chunk.host.data,
+                                   chunk.used_bytes);
       status != Status::ok) {
     allocator_.deallocate(data);
     return fail(status, fmt::format("fetch of {}: {}", chunk_label_locked(chunk),
@@ -442,10 +442,10 @@ Status ChunkManager::fetch_locked(Chunk& chunk, FetchReason reason, const Tensor
   if (reason == FetchReason::use) note_expected_stall_locked(chunk, arrives_in_ns);
   chunk.device_data = data;
   chunk.device_current = true;
-  resident_bytes_ += chunk.capacity;
+  resident_bytes_ += device_copy_bytes(chunk);
   policy_->on_resident(chunk.id);
   count_locked(chunk, [&](ChunkStats& s) {
-    s.chunk_bytes_device += static_cast<std::int64_t>(chunk.capacity);
+    s.chunk_bytes_device += static_cast<std::int64_t>(device_copy_bytes(chunk));
     s.bytes_moved_h2d += static_cast<std::int64_t>(chunk.used_bytes);
     ++s.fetches;
     if (is_prefetch) ++s.prefetches;
@@ -460,21 +460,36 @@ Status ChunkManager::fetch_locked(Chunk& chunk, FetchReason reason, const Tensor
 Status ChunkManager::make_room_locked(Chunk& incoming, FetchReason reason,
                                       const TensorRecord* wanted_by, OverBudget over_budget) {
   const Chunk* planned = reason == FetchReason::planned_prefetch ? &incoming : nullptr;
-  while (resident_bytes_ + incoming.capacity > device_budget_bytes_) {
+  while (resident_bytes_ + device_copy_bytes(incoming) > device_budget_bytes_) {
     if (evict_one_locked(planned)) continue;
     if (reason != FetchReason::use) return Status::out_of_memory;  // advice only: keep quiet
     if (over_budget == OverBudget::overrun) {
-      note_overrun_locked(incoming, resident_bytes_ + incoming.capacity - device_budget_bytes_);
+      note_overrun_locked(incoming,
+                          resident_bytes_ + device_copy_bytes(incoming) - device_budget_bytes_);
       return Status::ok;
     }
-    return fail(Status::out_of_memory,
-                fmt::format("acquire of {}: no room for its {} ({}) in the chunk budget of {}: "
-                            "{} of chunks is on the device and none can be evicted. {}",
-                            tensor_label_locked(*wanted_by), chunk_label_locked(incoming),
-                            format_bytes(incoming.capacity), format_bytes(device_budget_bytes_),
-                            format_bytes(resident_bytes_), describe_in_use_locked()));
+    return fail(
+        Status::out_of_memory,
+        fmt::format("acquire of {}: no room for its {} ({}) in the chunk budget of {}: "
+                    "{} of chunks is on the device and none can be evicted. {}",
+                    tensor_label_locked(*wanted_by), chunk_label_locked(incoming),
+                    format_bytes(device_copy_bytes(incoming)), format_bytes(device_budget_bytes_),
+                    format_bytes(resident_bytes_), describe_in_use_locked()));
   }
   return Status::ok;
+}
+
+// Note [A device copy is a whole slab]
+// A chunk's capacity is what its tensors need (Note [Packing tensors]), but
+// its device copy is a whole slab of the allocator (chunk_size), or a
+// segment of its own for a chunk larger than that. Evicting it then frees a
+// whole segment, which Note [Evicting under pressure] relies on: a block
+// split from a slab that another chunk shares frees nothing an activation on
+// another stream can use. So below chunk_size the capacity saves host memory
+// (host copies are of the capacity), but not device memory: that needs a
+// segment of the chunk's own size from the allocator.
+std::size_t ChunkManager::device_copy_bytes(const Chunk& chunk) const {
+  return std::max(chunk.capacity, ChunkPacker(options_.chunk_size).chunk_capacity());
 }
 
 // A device copy from the allocator; when it is out of memory, evict and try
@@ -483,6 +498,7 @@ Status ChunkManager::allocate_device_copy_locked(Chunk& chunk, FetchReason reaso
                                                  const TensorRecord* wanted_by,
                                                  OverBudget over_budget, void** data) {
   const Chunk* planned = reason == FetchReason::planned_prefetch ? &chunk : nullptr;
+  const std::size_t bytes = device_copy_bytes(chunk);
   for (;;) {
     // Evicting first when the allocator surely has no room spares it an
     // out-of-memory (its counters and trace would show one per fetch).
@@ -491,13 +507,12 @@ Status ChunkManager::allocate_device_copy_locked(Chunk& chunk, FetchReason reaso
     const auto cached = reserved - static_cast<std::size_t>(allocator_stats.active_bytes.current);
     const std::size_t budget = allocator_.budget_bytes();
     const std::size_t headroom = budget > reserved ? budget - reserved : 0;
-    if (headroom < chunk.capacity && cached < chunk.capacity && evict_one_locked(planned)) continue;
+    if (headroom < bytes && cached < bytes && evict_one_locked(planned)) continue;
 
     Status status;
     {
       AllocatingScope scope(this);
-      status =
-          allocator_.allocate(data, chunk.capacity, mover_.fetch_stream(), AllocationOwner::model);
+      status = allocator_.allocate(data, bytes, mover_.fetch_stream(), AllocationOwner::model);
     }
     if (status == Status::ok) return Status::ok;
     std::string allocator_error = CachingAllocator::last_error();
@@ -506,7 +521,7 @@ Status ChunkManager::allocate_device_copy_locked(Chunk& chunk, FetchReason reaso
     if (status == Status::out_of_memory && over_budget == OverBudget::overrun) {
       {
         AllocatingScope scope(this);
-        status = allocator_.allocate_over_budget(data, chunk.capacity, mover_.fetch_stream());
+        status = allocator_.allocate_over_budget(data, bytes, mover_.fetch_stream());
       }
       if (status == Status::ok) {
         const auto reserved = static_cast<std::size_t>(allocator_.stats().reserved_bytes.current);
@@ -516,12 +531,12 @@ Status ChunkManager::allocate_device_copy_locked(Chunk& chunk, FetchReason reaso
       }
       allocator_error = CachingAllocator::last_error();
     }
-    return fail(
-        status,
-        fmt::format("acquire of {}: the allocator has no room for its {} ({}) and no "
-                    "chunk can be evicted. {} The allocator said: {}",
-                    tensor_label_locked(*wanted_by), chunk_label_locked(chunk),
-                    format_bytes(chunk.capacity), describe_in_use_locked(), allocator_error));
+    return fail(status,
+                fmt::format("acquire of {}: the allocator has no room for its {} ({}) and no "
+                            "chunk can be evicted. {} The allocator said: {}",
+                            tensor_label_locked(*wanted_by), chunk_label_locked(chunk),
+                            format_bytes(device_copy_bytes(chunk)), describe_in_use_locked(),
+                            allocator_error));
   }
 }
 
@@ -621,17 +636,18 @@ Status ChunkManager::write_back_locked(Chunk& chunk) {
 // (Note [Reuse fences] in chunk_mover.cc). The bytes must be current on the host (or not matter).
 void ChunkManager::drop_device_copy_locked(Chunk& chunk, std::uint16_t trace_detail) {
   SPILLWAY_INVARIANT(chunk.device_users == 0, "a device copy in use is never given back");
-  SPILLWAY_INVARIANT(resident_bytes_ >= chunk.capacity, "resident bytes count every device copy");
-  mover_.fence_reuse(chunk.moves, chunk.device_data, chunk.capacity);
+  SPILLWAY_INVARIANT(resident_bytes_ >= device_copy_bytes(chunk),
+                     "resident bytes count every device copy");
+  mover_.fence_reuse(chunk.moves, chunk.device_data, device_copy_bytes(chunk));
   allocator_.deallocate(chunk.device_data);
   chunk.device_data = nullptr;
   chunk.device_current = false;
-  resident_bytes_ -= chunk.capacity;
+  resident_bytes_ -= device_copy_bytes(chunk);
   policy_->on_evicted(chunk.id);
   count_locked(chunk, [&](ChunkStats& s) {
-    s.chunk_bytes_device -= static_cast<std::int64_t>(chunk.capacity);
+    s.chunk_bytes_device -= static_cast<std::int64_t>(device_copy_bytes(chunk));
   });
-  trace_chunk_locked(TraceEventKind::chunk_drop, chunk, chunk.capacity, trace_detail);
+  trace_chunk_locked(TraceEventKind::chunk_drop, chunk, device_copy_bytes(chunk), trace_detail);
 }
 
 // A chunk that never had bytes gets a zeroed host copy: the source of its
@@ -688,9 +704,9 @@ std::size_t ChunkManager::relieve_pressure(std::size_t bytes, Stream /*stream*/)
     if (!victim) break;
     Chunk* chunk = find_chunk_locked(*victim);
     if (chunk == nullptr || !chunk->resident() || chunk->in_use()) break;
-    const std::size_t capacity = chunk->capacity;
+    const std::size_t device_bytes = device_copy_bytes(*chunk);
     if (evict_locked(*chunk) != Status::ok) break;
-    freed += capacity;
+    freed += device_bytes;
   }
   if (freed != 0) {
     SPILLWAY_LOG(debug, "chunk manager: evicted {} under allocator pressure ({} asked)",

@@ -137,9 +137,9 @@ class ChunkManager final : public PressureHandler {
   // chunks become unknown ids. Fails if one of its tensors is acquired.
   Status remove_client(ClientId client);
 
-  // Places a tensor in the client's open chunk for (kind, slot), or a new
-  // one; a tensor larger than chunk_size gets a chunk of its own. Its bytes
-  // read as zeros until written.
+  // Places a tensor in one of the client's open chunks for (kind, slot), or
+  // a new one (Note [Packing tensors]); a tensor larger than chunk_size gets
+  // a chunk of its own. Its bytes read as zeros until written.
   Status register_tensor(ClientId client, const TensorSpec& spec, TensorId* tensor);
   // Re-lays the client's chunks so that tensors sit in the order given (e.g.
   // first use in a traced step), then those not named, in registration
@@ -253,16 +253,19 @@ class ChunkManager final : public PressureHandler {
     ChunkStats stats;
     std::vector<ChunkId> chunks;
     std::vector<TensorId> tensors;
-    // The chunk that new tensors of (kind, slot) join, while it has room.
-    std::map<std::pair<TensorKind, std::uint32_t>, ChunkId> open_chunks;
+    // The chunks that new tensors of (kind, slot) may join, oldest first
+    // (Note [Packing tensors]): unsealed, at most ChunkPacker::kOpenChunks.
+    std::map<std::pair<TensorKind, std::uint32_t>, std::vector<ChunkId>> open_chunks;
   };
   class Candidates;
   class FetchClock;
   class AllocatingScope;
 
   // Registration and layout (chunk_layout.cc).
+  // An empty chunk; strict_residency reserves `reserve_bytes`, the most it
+  // can grow to.
   Chunk& new_chunk_locked(ClientId client_id, Client& client, TensorKind kind, std::uint32_t slot,
-                          std::size_t capacity);
+                          std::size_t reserve_bytes);
   void place_tensor_locked(TensorId id, TensorRecord& tensor, Client& client);
   void free_chunk_locked(Chunk& chunk);
 
@@ -290,6 +293,9 @@ class ChunkManager final : public PressureHandler {
   std::uint64_t note_fetch_queued_locked(const Chunk& chunk, std::uint64_t now_ns);
   // The stall the copy model expects from a fetch: in the stats.
   void note_expected_stall_locked(const Chunk& chunk, std::uint64_t expected_ns);
+  // What a chunk's device copy takes from the allocator (Note [A device
+  // copy is a whole slab] in chunk_manager.cc).
+  std::size_t device_copy_bytes(const Chunk& chunk) const;
   Status allocate_device_copy_locked(Chunk& chunk, FetchReason reason,
                                      const TensorRecord* wanted_by, OverBudget over_budget,
                                      void** data);
@@ -330,6 +336,8 @@ class ChunkManager final : public PressureHandler {
   std::string chunk_label_locked(const Chunk& chunk) const;
   std::string describe_in_use_locked() const;
   std::string describe_holdings_locked() const;
+  // Adds the chunks' capacity and tensor bytes to `stats`.
+  void add_layout_locked(std::span<const ChunkId> chunks, ChunkStats* stats) const;
   std::size_t effective_budget_locked() const;
 
   Device& device_;

@@ -74,7 +74,7 @@ void ChunkManager::trace_chunk_locked(TraceEventKind kind, const Chunk& chunk, s
   TraceEvent event;
   event.time_ns = device_.now_ns();
   event.kind = kind;
-  event.stream = chunk.capacity;
+  event.stream = device_copy_bytes(chunk);  // Note [A device copy is a whole slab]
   event.address = static_cast<std::uint64_t>(chunk.id);
   event.size = size;
   event.detail = detail;
@@ -108,15 +108,30 @@ std::uint64_t ChunkManager::steps_ended() const {
   return steps_ended_;
 }
 
+// The layout figures of ChunkStats, from the chunks as they are now.
+void ChunkManager::add_layout_locked(std::span<const ChunkId> chunks, ChunkStats* stats) const {
+  for (ChunkId id : chunks) {
+    const Chunk& chunk = *find_chunk_locked(id);
+    stats->capacity_bytes += static_cast<std::int64_t>(chunk.capacity);
+    for (TensorId tensor : chunk.tensors)
+      stats->tensor_bytes += static_cast<std::int64_t>(find_tensor_locked(tensor)->bytes);
+  }
+}
+
 ChunkStats ChunkManager::stats() const {
   std::lock_guard lock(mutex_);
-  return stats_;
+  ChunkStats stats = stats_;
+  for (const auto& [id, client] : clients_) add_layout_locked(client.chunks, &stats);
+  return stats;
 }
 
 ChunkStats ChunkManager::client_stats(ClientId id) const {
   std::lock_guard lock(mutex_);
   auto client = clients_.find(id);
-  return client == clients_.end() ? ChunkStats{} : client->second.stats;
+  if (client == clients_.end()) return ChunkStats{};
+  ChunkStats stats = client->second.stats;
+  add_layout_locked(client->second.chunks, &stats);
+  return stats;
 }
 
 // --- The smallest budget -------------------------------------------------
@@ -138,7 +153,7 @@ std::size_t ChunkManager::note_working_set(std::span<const TensorId> tensors,
     if (tensor == nullptr || std::find(seen.begin(), seen.end(), tensor->chunk) != seen.end())
       continue;
     seen.push_back(tensor->chunk);
-    bytes += find_chunk_locked(tensor->chunk)->capacity;
+    bytes += device_copy_bytes(*find_chunk_locked(tensor->chunk));
   }
   if (bytes > min_budget_bytes_) {
     min_budget_bytes_ = bytes;

@@ -11,6 +11,10 @@ void Stats::reset_peaks() {
 #undef SPILLWAY_RESET_PEAK
 }
 
+double Stats::chunk_fill_ratio() const {
+  return spillway::chunk_fill_ratio(chunk_bytes_tensors, chunk_bytes_capacity);
+}
+
 std::vector<std::pair<std::string, std::int64_t>> Stats::flatten() const {
   std::vector<std::pair<std::string, std::int64_t>> figures;
 #define SPILLWAY_FLATTEN_ARRAY(member, key)                     \
@@ -36,6 +40,7 @@ std::vector<std::pair<std::string, std::int64_t>> Stats::flatten() const {
 std::string Stats::to_json() const {
   nlohmann::ordered_json json = nlohmann::ordered_json::object();
   for (const auto& [key, value] : flatten()) json[key] = value;
+  json["chunk_fill_ratio"] = chunk_fill_ratio();
   return json.dump();
 }
 

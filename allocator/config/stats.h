@@ -49,7 +49,10 @@ struct StatArray {
   X(allocated_bytes_model, "allocated_bytes.model") \
   X(allocated_bytes_non_model, "allocated_bytes.non_model")
 
-// X(member, "json key"): plain counters and gauges.
+// X(member, "json key"): plain counters and gauges. chunk_bytes.capacity is
+// the capacity of every managed chunk (all clients, wherever its bytes are),
+// chunk_bytes.tensors the bytes of their tensors; their ratio is
+// chunk_fill_ratio.
 #define SPILLWAY_STAT_SCALARS(X)                            \
   X(num_alloc_retries, "num_alloc_retries")                 \
   X(num_ooms, "num_ooms")                                   \
@@ -60,6 +63,8 @@ struct StatArray {
   X(num_device_free, "num_device_free")                     \
   X(chunk_bytes_device, "chunk_bytes.device")               \
   X(chunk_bytes_host, "chunk_bytes.host")                   \
+  X(chunk_bytes_capacity, "chunk_bytes.capacity")           \
+  X(chunk_bytes_tensors, "chunk_bytes.tensors")             \
   X(bytes_moved_h2d, "bytes_moved.h2d")                     \
   X(bytes_moved_d2h, "bytes_moved.d2h")                     \
   X(evictions, "evictions")                                 \
@@ -69,6 +74,13 @@ struct StatArray {
   X(stall_ns_actual, "stall_ns.actual")                     \
   X(stall_last_expected, "stall_ns.expected.last_step")     \
   X(stall_last_actual, "stall_ns.actual.last_step")
+
+// Tensor bytes over chunk bytes; 0 when there are no chunks.
+inline double chunk_fill_ratio(std::int64_t tensor_bytes, std::int64_t capacity_bytes) {
+  return capacity_bytes <= 0
+             ? 0.0
+             : static_cast<double>(tensor_bytes) / static_cast<double>(capacity_bytes);
+}
 
 struct Stats {
 #define SPILLWAY_DECLARE_ARRAY(member, key) StatArray member;
@@ -81,9 +93,14 @@ struct Stats {
 
   void reset_peaks();
 
-  // Every figure as (key, value), in declaration order.
+  // chunk_bytes.tensors over chunk_bytes.capacity: how much of the chunks'
+  // memory holds tensors. 0 while there are no chunks.
+  double chunk_fill_ratio() const;
+
+  // Every integer figure as (key, value), in declaration order.
   std::vector<std::pair<std::string, std::int64_t>> flatten() const;
-  // One flat JSON object of flatten()'s pairs.
+  // One flat JSON object of flatten()'s pairs, then "chunk_fill_ratio" (a
+  // number between 0 and 1).
   std::string to_json() const;
 
   friend bool operator==(const Stats&, const Stats&) = default;

@@ -15,6 +15,19 @@
 //                               write-backs overlap fetches on the two engines).
 //   acquire_resident_ns         acquire + release of a chunk already on the
 //                               device (stream wait, the hot path of op hooks).
+//   chunk_fill_ratio_demo_gpt, chunk_fill_ratio_gpt2_small,
+//   chunk_fill_ratio_gpt2_medium
+//                               the chunk manager's chunk_fill_ratio (tensor
+//                               bytes over chunk bytes) once the model's
+//                               parameters and gradients are registered: the
+//                               demo's GPT at its 2 MiB chunks, GPT-2 small and
+//                               medium at the default chunk_size (layouts:
+//                               tools/chunksize/model_tensors.h). Not a time:
+//                               the layout's own figure.
+//   chunk_device_fill_demo_gpt  the demo GPT's tensor bytes over the bytes
+//                               the caching allocator holds for its chunks,
+//                               all resident: every device copy is a whole
+//                               slab (Note [A device copy is a whole slab]).
 //
 // On a usable GPU (CudaDevice::probe), also (for tools/gpu_check.sh):
 //   chunk_h2d_vs_memcpy, chunk_d2h_vs_memcpy
@@ -39,6 +52,10 @@
 #include "allocator/device/sim_device.h"
 #include "bench/common/device_options.h"
 #include "bench/common/metric_reporter.h"
+#if SPILLWAY_BENCH_CHUNK_FILL
+#include "allocator/config/config.h"
+#include "tools/chunksize/model_tensors.h"
+#endif
 #if SPILLWAY_HAVE_CUDA
 #include "allocator/device/cuda_device.h"
 #endif
@@ -350,6 +367,74 @@ bool register_cuda() {
   return !options().device.cuda_required;
 }
 
+#if SPILLWAY_BENCH_CHUNK_FILL
+struct Fill {
+  double ratio = 0;         // chunk_fill_ratio
+  double device_ratio = 0;  // tensor bytes over the allocator's model bytes, all resident
+};
+
+// Registers `shape`'s tensors with a chunk manager and reads its
+// chunk_fill_ratio; with `make_resident`, also acquires every tensor once,
+// so every chunk has its device copy, and divides the tensor bytes by what
+// the allocator hands the chunks.
+Fill fill_of(const chunksize::GptModuleShape& shape, std::size_t chunk_size, bool make_resident) {
+  SimDeviceOptions sim;
+  sim.poison_byte = -1;
+  SimDevice device(sim);
+  CachingAllocatorOptions allocator_options;
+  allocator_options.large_slab_bytes = chunk_size;
+  CachingAllocator allocator(device, allocator_options);
+  ChunkManagerOptions manager_options;
+  manager_options.chunk_size = chunk_size;
+  ChunkManager chunks(device, allocator, manager_options);
+  const ClientId client = chunks.add_client("model");
+  std::vector<TensorId> ids;
+  for (const chunksize::ModelTensor& tensor : chunksize::gpt_module_tensors(shape)) {
+    const TensorKind kind =
+        tensor.kind == chunksize::DataKind::grad ? TensorKind::grad : TensorKind::param;
+    TensorId id{};
+    if (chunks.register_tensor(client, {kind, 0, 1, tensor.bytes, tensor.name}, &id) !=
+        Status::ok) {
+      report_failure("registering " + tensor.name + ": " + ChunkManager::last_error());
+      return {};
+    }
+    ids.push_back(id);
+  }
+  Fill fill;
+  const ChunkStats stats = chunks.stats();
+  fill.ratio = stats.fill_ratio();
+  if (!make_resident) return fill;
+  for (TensorId id : ids) {
+    void* data = nullptr;
+    if (chunks.acquire(id, {}, &data, AccessMode::read, WaitMode::host) != Status::ok ||
+        chunks.release(id, {}) != Status::ok) {
+      report_failure("making the chunks resident: " + ChunkManager::last_error());
+      return fill;
+    }
+  }
+  chunks.synchronize();
+  fill.device_ratio = static_cast<double>(stats.tensor_bytes) /
+                      static_cast<double>(allocator.stats().allocated_bytes_model.current);
+  return fill;
+}
+#endif
+
+void report_fill_ratios() {
+#if SPILLWAY_BENCH_CHUNK_FILL
+  const std::size_t default_chunk_size = Config{}.chunk_size;
+  // spillway-train-demo's configuration has chunk_size:2MiB.
+  const Fill demo = fill_of(chunksize::demo_gpt_shape(), 2 * kMiB, true);
+  report_metric("chunk_fill_ratio_demo_gpt", demo.ratio, "ratio");
+  report_metric("chunk_device_fill_demo_gpt", demo.device_ratio, "ratio");
+  report_metric("chunk_fill_ratio_gpt2_small",
+                fill_of(chunksize::gpt2_small_shape(), default_chunk_size, false).ratio, "ratio");
+  report_metric("chunk_fill_ratio_gpt2_medium",
+                fill_of(chunksize::gpt2_medium_shape(), default_chunk_size, false).ratio, "ratio");
+#else
+  report_note("chunk_fill_ratio_*: skipped (built without the tools' model layouts)");
+#endif
+}
+
 // Returns -1 to run, else the exit code.
 int parse_options(int argc, char** argv) {
   CLI::App app{"bench_chunk: what the chunk manager's moves and accesses cost, as metric lines"};
@@ -376,6 +461,7 @@ int main(int argc, char** argv) {
     return exit_code;
   }
   if (spillway::bench::options().device.run_sim) spillway::bench::register_sim();
+  spillway::bench::report_fill_ratios();
   if (spillway::bench::options().device.run_cuda && !spillway::bench::register_cuda()) {
     spillway::bench::report_failure("--device=cuda asked for a GPU, and none is usable");
   }

@@ -47,7 +47,10 @@ std::string add_client_stats(const std::string& stats_json, const ChunkManager& 
                      {"chunk_bytes.host", stats.chunk_bytes_host},
                      {"bytes_moved.h2d", stats.bytes_moved_h2d},
                      {"bytes_moved.d2h", stats.bytes_moved_d2h},
-                     {"evictions", stats.evictions}};
+                     {"evictions", stats.evictions},
+                     {"chunk_bytes.capacity", stats.capacity_bytes},
+                     {"chunk_bytes.tensors", stats.tensor_bytes},
+                     {"chunk_fill_ratio", stats.fill_ratio()}};
   }
   json["clients"] = std::move(clients);
   const PolicyState policy = chunks.policy_state();

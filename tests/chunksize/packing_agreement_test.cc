@@ -9,8 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "allocator/config/config.h"
 #include "tests/allocator/chunk/chunk_test_support.h"
 #include "tools/chunksize/chunk_packing.h"
+#include "tools/chunksize/chunk_size_search.h"
 #include "tools/chunksize/model_tensors.h"
 
 namespace spillway::testing {
@@ -46,6 +48,24 @@ std::vector<chunksize::ModelTensor> random_tensors(std::size_t chunk_size, std::
   return tensors;
 }
 
+// Registers `tensors` with a chunk manager of `chunk_size` (one client).
+ClientId register_all(ChunkManager& chunks, const std::vector<chunksize::ModelTensor>& tensors,
+                      std::vector<TensorId>* ids) {
+  const ClientId client = chunks.add_client("model");
+  for (const chunksize::ModelTensor& tensor : tensors) {
+    TensorSpec spec;
+    spec.kind = tensor_kind(tensor.kind);
+    spec.slot = tensor.slot;
+    spec.dtype_bytes = 1;
+    spec.element_count = tensor.bytes;
+    spec.name = tensor.name;
+    TensorId id{};
+    EXPECT_EQ(chunks.register_tensor(client, spec, &id), Status::ok) << ChunkManager::last_error();
+    ids->push_back(id);
+  }
+  return client;
+}
+
 TEST(ChunkPackingAgreement, TheChunkManagerAndTheChunkSizeSearchPackAlike) {
   for (std::size_t chunk_size : {std::size_t{4096}, std::size_t{65536}, MiB + 100}) {
     SCOPED_TRACE(::testing::Message() << "chunk_size " << chunk_size);
@@ -53,20 +73,9 @@ TEST(ChunkPackingAgreement, TheChunkManagerAndTheChunkSizeSearchPackAlike) {
     ChunkRigOptions options;
     options.chunk_size = chunk_size;
     ChunkRig rig(options);
-    const ClientId client = rig.chunks->add_client("model");
     std::vector<TensorId> ids;
-    for (const chunksize::ModelTensor& tensor : tensors) {
-      TensorSpec spec;
-      spec.kind = tensor_kind(tensor.kind);
-      spec.slot = tensor.slot;
-      spec.dtype_bytes = 1;
-      spec.element_count = tensor.bytes;
-      spec.name = tensor.name;
-      TensorId id{};
-      ASSERT_EQ(rig.chunks->register_tensor(client, spec, &id), Status::ok)
-          << ChunkManager::last_error();
-      ids.push_back(id);
-    }
+    const ClientId client = register_all(*rig.chunks, tensors, &ids);
+    ASSERT_EQ(ids.size(), tensors.size());
     const chunksize::Packing packing = chunksize::pack_tensors(tensors, chunk_size);
 
     // One client: the manager's chunks are its chunks, in creation order.
@@ -85,6 +94,52 @@ TEST(ChunkPackingAgreement, TheChunkManagerAndTheChunkSizeSearchPackAlike) {
       EXPECT_EQ(info->chunk, chunks[packing.tensor_chunk[t]]) << tensors[t].name;
       EXPECT_EQ(info->offset, packing.tensor_offset[t]) << tensors[t].name;
     }
+    EXPECT_DOUBLE_EQ(rig.chunks->stats().fill_ratio(), packing.fill_ratio());
+  }
+}
+
+// Issue 18's requirement: chunk_fill_ratio >= 0.90 with the default layout
+// on the demo's GPT (at the 2 MiB chunks of spillway-train-demo's
+// configuration) and on GPT-2 small and medium (at the default 64 MB), both
+// as torch modules (params and grads) and as spillway-chunksize's GPT
+// generator lays them out (params, grads, fp32 master, Adam's moments).
+// The figure is the chunk manager's own statistic, and the search packs alike.
+TEST(ChunkFillRatio, DefaultLayoutsFillTheirChunks) {
+  struct Layout {
+    const char* name;
+    std::vector<chunksize::ModelTensor> tensors;
+    std::size_t chunk_size;
+  };
+  const std::size_t kDefaultChunkSize = Config{}.chunk_size;
+  ASSERT_EQ(kDefaultChunkSize, chunksize::kDefaultChunkSize);
+  const std::vector<Layout> layouts{
+      {"demo GPT", chunksize::gpt_module_tensors(chunksize::demo_gpt_shape()), 2 * MiB},
+      {"GPT-2 small", chunksize::gpt_module_tensors(chunksize::gpt2_small_shape()),
+       kDefaultChunkSize},
+      {"GPT-2 medium", chunksize::gpt_module_tensors(chunksize::gpt2_medium_shape()),
+       kDefaultChunkSize},
+      {"GPT-2 small, generator",
+       chunksize::model_tensors(sim::gpt_model({.n_layers = 12, .d_model = 768})),
+       kDefaultChunkSize},
+      {"GPT-2 medium, generator",
+       chunksize::model_tensors(sim::gpt_model({.n_layers = 24, .d_model = 1024})),
+       kDefaultChunkSize},
+  };
+  for (const Layout& layout : layouts) {
+    SCOPED_TRACE(layout.name);
+    ChunkRigOptions options;
+    options.chunk_size = layout.chunk_size;
+    ChunkRig rig(options);
+    std::vector<TensorId> ids;
+    register_all(*rig.chunks, layout.tensors, &ids);
+    const ChunkStats stats = rig.chunks->stats();
+    std::int64_t tensor_bytes = 0;
+    for (const chunksize::ModelTensor& tensor : layout.tensors)
+      tensor_bytes += static_cast<std::int64_t>(tensor.bytes);
+    EXPECT_EQ(stats.tensor_bytes, tensor_bytes);
+    EXPECT_GE(stats.fill_ratio(), 0.90);
+    EXPECT_DOUBLE_EQ(stats.fill_ratio(),
+                     chunksize::pack_tensors(layout.tensors, layout.chunk_size).fill_ratio());
   }
 }
 

@@ -21,7 +21,7 @@ CONTRACT_KEYS = [f"{figure}.all.{kind}"
     "chunk_bytes.host", "bytes_moved.h2d", "bytes_moved.d2h", "evictions", "prefetches",
     "stall_ns", "num_spills_for_allocation", "num_budget_overruns", "min_budget_bytes",
     "stall_ns.expected", "stall_ns.actual", "stall_ns.expected.last_step",
-    "stall_ns.actual.last_step"] + [
+    "stall_ns.actual.last_step", "chunk_bytes.capacity", "chunk_bytes.tensors"] + [
     f"allocated_bytes.{owner}.{kind}" for owner in ("model", "non_model")
     for kind in ("current", "peak", "allocated", "freed")]
 
@@ -51,6 +51,12 @@ def test_memory_stats_has_the_contract_keys(trace_dir):
     assert not missing, f"memory_stats() lacks {missing}"
     assert all(isinstance(stats[key], int) for key in CONTRACT_KEYS)
     assert stats["chunk_bytes.device"] + stats["chunk_bytes.host"] > 0
+    # chunk_fill_ratio: the bytes of the managed tensors over their chunks'.
+    assert isinstance(stats["chunk_fill_ratio"], float)
+    assert stats["chunk_bytes.tensors"] >= sum(p.numel() * p.element_size()
+                                               for p in model.parameters())
+    assert stats["chunk_fill_ratio"] == stats["chunk_bytes.tensors"] / stats["chunk_bytes.capacity"]
+    assert 0 < stats["chunk_fill_ratio"] <= 1
     assert "torch0" in stats["clients"] or any(name.startswith("torch") for name in stats["clients"])
     json.dumps(stats)  # plain data
     spillway.unmanage(model)

@@ -28,6 +28,10 @@ TEST(ReportModel, SmallV2TraceTotals) {
   // non-model: the 512-byte activation.
   EXPECT_EQ(t.peak_non_model_bytes, 512u);
   EXPECT_EQ(t.model_size_bytes, 3072u);
+  // Chunk fill: chunk 1 copies 1000 of its 1024 bytes, chunk 2 2000 of 2048.
+  EXPECT_EQ(t.fetched_chunk_capacity_bytes, 3072u);
+  EXPECT_EQ(t.fetched_chunk_used_bytes, 3000u);
+  EXPECT_DOUBLE_EQ(t.chunk_fill_ratio(), 3000.0 / 3072.0);
   EXPECT_EQ(t.bytes_h2d, 6000u);
   EXPECT_EQ(t.bytes_d2h, 800u);
   EXPECT_EQ(t.fetches, 4u);
@@ -156,6 +160,7 @@ TEST(ReportModel, FreesWithoutAllocsDoNotWrap) {
 }
 
 TEST(ReportModel, EmptyTrace) {
+  EXPECT_EQ(ReportTotals{}.chunk_fill_ratio(), 0.0);  // no chunk fetched
   TraceFileContents trace;
   trace.format_version = 1;
   const ReportModel model = build_report_model(trace);

@@ -20,6 +20,11 @@ std::uint64_t Packing::tensor_bytes() const {
   return bytes;
 }
 
+double Packing::fill_ratio() const {
+  const std::uint64_t capacity = capacity_bytes();
+  return capacity == 0 ? 0.0 : static_cast<double>(tensor_bytes()) / static_cast<double>(capacity);
+}
+
 std::size_t Packing::own_chunks() const {
   std::size_t count = 0;
   for (const PackedChunk& chunk : chunks) count += chunk.own ? 1 : 0;
@@ -31,24 +36,27 @@ Packing pack_tensors(const std::vector<ModelTensor>& tensors, std::uint64_t chun
   const ChunkPacker packer(chunk_size);
   Packing packing;
   packing.chunk_size = chunk_size;
-  std::map<std::pair<DataKind, std::uint32_t>, plan::PlanChunk> open;  // per (kind, slot)
+  // Per (kind, slot): its open chunks, oldest first (Note [Packing tensors]).
+  std::map<std::pair<DataKind, std::uint32_t>, std::vector<plan::PlanChunk>> open;
   std::vector<std::uint64_t> used;  // per chunk: the end of its last tensor
+  std::vector<ChunkPacker::OpenChunk> open_view;
   for (const ModelTensor& tensor : tensors) {
-    const auto found = open.find(std::make_pair(tensor.kind, tensor.slot));
-    ChunkPacker::OpenChunk open_chunk;
-    if (found != open.end())
-      open_chunk = {packing.chunks[found->second].capacity, used[found->second]};
-    const ChunkPacker::Placement placement =
-        packer.place(tensor.bytes, found != open.end() ? &open_chunk : nullptr);
-    plan::PlanChunk chunk = found != open.end() ? found->second : 0;
-    if (placement.where != ChunkPacker::Where::open_chunk) {
+    std::vector<plan::PlanChunk>& group = open[std::make_pair(tensor.kind, tensor.slot)];
+    open_view.clear();
+    for (plan::PlanChunk chunk : group) open_view.push_back({used[chunk]});
+    const ChunkPacker::Placement placement = packer.place(tensor.bytes, open_view);
+    plan::PlanChunk chunk = 0;
+    if (placement.where == ChunkPacker::Where::open_chunk) {
+      chunk = group[placement.open_index];
+    } else {
       const bool own = placement.where == ChunkPacker::Where::own_chunk;
-      packing.chunks.push_back({tensor.kind, tensor.slot, placement.capacity, 0, own});
+      packing.chunks.push_back({tensor.kind, tensor.slot, 0, 0, own});
       used.push_back(0);
       chunk = static_cast<plan::PlanChunk>(packing.chunks.size() - 1);
-      if (!own) open.insert_or_assign(std::make_pair(tensor.kind, tensor.slot), chunk);
+      if (!own) group.push_back(chunk);
     }
     used[chunk] = placement.offset + tensor.bytes;
+    packing.chunks[chunk].capacity = placement.capacity;
     packing.chunks[chunk].tensor_bytes += tensor.bytes;
     packing.tensor_chunk.push_back(chunk);
     packing.tensor_offset.push_back(placement.offset);

@@ -1,9 +1,11 @@
 // Packs tensors into chunks with the chunk manager's own packer
 // (allocator/chunk/chunk_packer.h, Note [Packing tensors]): each (kind, slot) has
-// one open chunk, as each client's (kind, slot) has in the chunk manager.
+// its open chunks, as each client's (kind, slot) has in the chunk manager
+// before any chunk has bytes.
 //
 // Waste is what that leaves unused: chunk capacity minus tensor bytes
-// (alignment padding and the room a tensor that did not fit left behind).
+// (alignment padding and the room a tensor that did not fit left behind);
+// fill_ratio() is tensor bytes over capacity, the chunk_fill_ratio statistic.
 #pragma once
 
 #include <cstddef>
@@ -32,6 +34,7 @@ struct Packing {
   std::uint64_t capacity_bytes() const;
   std::uint64_t tensor_bytes() const;
   std::uint64_t waste_bytes() const { return capacity_bytes() - tensor_bytes(); }
+  double fill_ratio() const;       // tensor bytes over capacity; 0 when there are no chunks
   std::size_t own_chunks() const;  // chunks a single oversized tensor got
 };
 

@@ -34,4 +34,26 @@ struct ModelTensor {
 // In registration order: layer after layer, kinds in the order above.
 std::vector<ModelTensor> model_tensors(const sim::ModelSpec& model);
 
+// A GPT as a torch module has it (tools/train_demo/gpt.h's layout): token
+// and position embeddings, blocks of LayerNorm, qkv and projection Linears,
+// LayerNorm, MLP in and out Linears (weights and biases), a final LayerNorm
+// and the LM head (none when tied to the token embedding, as GPT-2's is).
+// Every parameter and its gradient, in the module's parameter order, as the
+// torch bridge registers a model trained by a torch optimizer.
+struct GptModuleShape {
+  std::uint64_t vocab = 64;
+  std::uint64_t positions = 16;
+  std::uint64_t d_model = 256;
+  std::uint64_t layers = 4;
+  std::uint64_t dtype_bytes = 4;
+  bool tied_head = false;
+};
+std::vector<ModelTensor> gpt_module_tensors(const GptModuleShape& shape);
+
+// The demo's GPT (spillway-train-demo's defaults), GPT-2 small (12 layers,
+// d_model 768) and medium (24, 1024), vocab 50257, 1024 positions, fp32.
+GptModuleShape demo_gpt_shape();
+GptModuleShape gpt2_small_shape();
+GptModuleShape gpt2_medium_shape();
+
 }  // namespace spillway::chunksize

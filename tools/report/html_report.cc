@@ -161,6 +161,9 @@ std::string totals_table(const ReportModel& model) {
   table_row(&out, "peak model", bytes_cell(t.peak_model_bytes));
   table_row(&out, "peak non-model", bytes_cell(t.peak_non_model_bytes));
   table_row(&out, "model size (all chunks seen)", bytes_cell(t.model_size_bytes));
+  table_row(&out, "chunk fill on the device (chunks fetched: used bytes over device copies)",
+            t.fetched_chunk_capacity_bytes == 0 ? std::string("no chunk fetched")
+                                                : fmt::format("{:.3f}", t.chunk_fill_ratio()));
   table_row(&out, "host to device", bytes_cell(t.bytes_h2d));
   table_row(&out, "device to host", bytes_cell(t.bytes_d2h));
   table_row(&out, "fetches (prefetches)", fmt::format("{} ({})", t.fetches, t.prefetches));

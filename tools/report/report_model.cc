@@ -141,6 +141,10 @@ class ModelBuilder {
   void finish() {
     for (auto& [id, client] : clients_) model_->clients.push_back(std::move(client));
     for (const auto& [key, capacity] : chunk_capacity_) model_->totals.model_size_bytes += capacity;
+    for (const auto& [key, used] : chunk_used_) {
+      model_->totals.fetched_chunk_used_bytes += used;
+      model_->totals.fetched_chunk_capacity_bytes += chunk_capacity_.at(key);
+    }
   }
 
  private:
@@ -188,6 +192,8 @@ class ModelBuilder {
     model_->transfers.push_back({event.time_ns, event.size, true});
     const ChunkKey key{event.client, event.address};
     note_capacity(client, key, event.stream);
+    std::uint64_t& used = chunk_used_[key];
+    used = std::max(used, event.size);
     // A fetch of a chunk already on the device (a refill after a writeback)
     // moves bytes but takes no new device memory.
     if (resident_.try_emplace(key, event.stream).second) {
@@ -218,9 +224,25 @@ class ModelBuilder {
   std::map<std::uint32_t, ClientActivity> clients_;
   std::map<ChunkKey, std::uint64_t> resident_;        // device-resident chunks: capacity
   std::map<ChunkKey, std::uint64_t> chunk_capacity_;  // every chunk seen: capacity
+  std::map<ChunkKey, std::uint64_t> chunk_used_;      // every chunk fetched: its used bytes
 };
 
 }  // namespace
+
+// Note [Chunk fill from the trace]
+// The trace has no event for a tensor's registration, but every chunk_fetch
+// carries the bytes of the chunk's device copy (stream: a whole slab, or the
+// chunk's own size above chunk_size) and copies its used bytes (size): the
+// end of its last tensor, which Note [Packing tensors] packs at 256-byte
+// boundaries. So the chunks' fill on the device is their used bytes over
+// their device copies, over the chunks fetched at least once. It counts
+// alignment padding (under 256 bytes a tensor) as used and misses chunks only
+// ever used on the host; the statistic chunk_fill_ratio is over capacities.
+double ReportTotals::chunk_fill_ratio() const {
+  return fetched_chunk_capacity_bytes == 0 ? 0.0
+                                           : static_cast<double>(fetched_chunk_used_bytes) /
+                                                 static_cast<double>(fetched_chunk_capacity_bytes);
+}
 
 ReportModel build_report_model(const TraceFileContents& trace) {
   ReportModel model;

@@ -107,6 +107,13 @@ struct ReportTotals {
   std::uint64_t peak_model_bytes = 0;
   std::uint64_t peak_non_model_bytes = 0;
   std::uint64_t model_size_bytes = 0;  // capacities of all distinct chunks seen
+  // Note [Chunk fill from the trace]: the chunks fetched, their device copies'
+  // bytes and the bytes their tensors span (a fetch copies the used bytes).
+  std::uint64_t fetched_chunk_capacity_bytes = 0;
+  std::uint64_t fetched_chunk_used_bytes = 0;
+  // used over capacity: the chunks' fill on the device (0 when no chunk was
+  // fetched).
+  double chunk_fill_ratio() const;
   std::uint64_t bytes_h2d = 0;
   std::uint64_t bytes_d2h = 0;
   std::uint64_t fetches = 0;

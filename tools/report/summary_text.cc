@@ -47,6 +47,11 @@ std::string summary_text(const ReportModel& model, std::string_view trace_name) 
   fmt::format_to(line, "peak model: {}\n", bytes_with_exact(t.peak_model_bytes));
   fmt::format_to(line, "peak non-model: {}\n", bytes_with_exact(t.peak_non_model_bytes));
   fmt::format_to(line, "model size (all chunks seen): {}\n", bytes_with_exact(t.model_size_bytes));
+  if (t.fetched_chunk_capacity_bytes > 0) {
+    fmt::format_to(
+        line, "chunk fill on the device (chunks fetched: used bytes over device copies): {:.3f}\n",
+        t.chunk_fill_ratio());
+  }
   fmt::format_to(line, "host to device: {}\n", bytes_with_exact(t.bytes_h2d));
   fmt::format_to(line, "device to host: {}\n", bytes_with_exact(t.bytes_d2h));
   fmt::format_to(line, "fetches: {} ({} prefetches), writebacks: {}, drops: {} ({} evictions)\n",

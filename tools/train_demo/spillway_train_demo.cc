@@ -235,6 +235,10 @@ RunResult train(const DemoOptions& demo, bool managed, const RunResult* plain = 
     fmt::print("  budget overruns      {:>10.0f}\n", stat(end, "num_budget_overruns"));
     fmt::print("  chunks on device     {:>10.1f} MiB\n", mib(stat(end, "chunk_bytes.device")));
     fmt::print("  chunks on host       {:>10.1f} MiB\n", mib(stat(end, "chunk_bytes.host")));
+    fmt::print(
+        "  chunk fill           {:>10.3f}   ({:.1f} MiB of tensors in {:.1f} MiB of chunks)\n",
+        end.value("chunk_fill_ratio", 0.0), mib(stat(end, "chunk_bytes.tensors")),
+        mib(stat(end, "chunk_bytes.capacity")));
     fmt::print("  out-of-memory errors {:>10.0f}\n", stat(end, "num_ooms"));
   }
   return result;

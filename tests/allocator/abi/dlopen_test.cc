@@ -107,6 +107,13 @@ TEST(abi_Dlopen, MallocGivesWritableMemoryAndStatsFollow) {
         "num_alloc_retries", "num_ooms"}) {
     EXPECT_TRUE(before.contains(key)) << key;
   }
+  // chunk_fill_ratio, a number: tensor bytes over chunk bytes (0 without chunks).
+  ASSERT_TRUE(before.contains("chunk_fill_ratio"));
+  ASSERT_TRUE(before["chunk_fill_ratio"].is_number());
+  const std::int64_t capacity = stat(before, "chunk_bytes.capacity");
+  const std::int64_t tensors = stat(before, "chunk_bytes.tensors");
+  EXPECT_DOUBLE_EQ(before["chunk_fill_ratio"].get<double>(),
+                   capacity == 0 ? 0.0 : static_cast<double>(tensors) / capacity);
   // Small pool, large pool (a 8 MiB chunk slab) and an oversize segment.
   const std::array<std::size_t, 3> sizes = {1000, 3 << 20, 20 << 20};
   std::vector<void*> blocks;

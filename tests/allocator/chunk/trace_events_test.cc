@@ -56,8 +56,11 @@ TEST(ChunkTraceEvents, MovesAddUpToTheStatisticsAndNameTheirClient) {
     const auto info = chunks.chunk_info(static_cast<ChunkId>(e.address));
     ASSERT_TRUE(info.has_value());
     EXPECT_EQ(e.client, static_cast<std::uint32_t>(info->client));
-    EXPECT_EQ(e.stream, chunks.options().chunk_size);  // the chunk's capacity
-    EXPECT_EQ(e.detail, 0);                            // none was a prefetch
+    // Its device copy: a whole slab (Note [A device copy is a whole slab]),
+    // though the chunk's capacity is what its tensors hold.
+    EXPECT_EQ(e.stream, chunks.options().chunk_size);
+    EXPECT_EQ(info->capacity_bytes, (info->used_bytes + 511) / 512 * 512);
+    EXPECT_EQ(e.detail, 0);  // none was a prefetch
   }
   const ChunkStats actor_stats = chunks.client_stats(actor);
   std::int64_t actor_h2d = 0;
@@ -192,7 +195,7 @@ TEST(ChunkTraceEvents, AccessesAndReleasesBracketTheUsesAroundFetches) {
     EXPECT_EQ(got[i].address, want[i].chunk) << i;
     EXPECT_EQ(got[i].detail, want[i].detail) << i;
     EXPECT_EQ(got[i].client, static_cast<std::uint32_t>(model)) << i;
-    EXPECT_EQ(got[i].stream, options.chunk_size) << i;  // the chunk's capacity
+    EXPECT_EQ(got[i].stream, options.chunk_size) << i;  // its device copy: a whole slab
     if (got[i].kind == TraceEventKind::chunk_access || got[i].kind == TraceEventKind::chunk_release)
       EXPECT_EQ(got[i].size, static_cast<std::uint64_t>(got[i].address == chunk_a ? a : b)) << i;
     if (i > 0) EXPECT_LE(got[i - 1].time_ns, got[i].time_ns) << i;
