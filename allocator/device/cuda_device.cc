@@ -197,8 +197,7 @@ struct CudaDevice::DriverCalls {
   CUmemAllocationProp properties{};
 };
 
-CudaDevice::CudaDevice(int ordinal, std::string name)
-    : ordinal_(ordinal), name_(std::move(name)) {}
+CudaDevice::CudaDevice(int ordinal, std::string name) : ordinal_(ordinal), name_(std::move(name)) {}
 
 CudaDevice::~CudaDevice() {
   // Pages still mapped when the device goes: give their memory back.
