@@ -145,6 +145,14 @@
 // a handler, nor its describe_holdings, while holding its mutex: that
 // would deadlock or invert lock order.
 //
+// Note [Time spent giving memory back]
+// Returning a segment or unmapping pages waits for the device's queued work
+// (cudaFree and the simulated device's free both synchronize), and under
+// memory pressure that work is the chunk manager's write-backs of the chunks
+// it just evicted. The time spent there (release_wait_ns) is a spill's cost,
+// not an op's: the chunk manager takes it out of the clock its planned
+// prefetches are timed by (Note [Prefetch timed by op durations]).
+//
 // Note [Segments past the budget]
 // Reserved bytes stay within the budget, with one exception: a chunk that an
 // op must have resident when nothing can be evicted (all chunks in compute)
@@ -266,6 +274,10 @@ struct CachingAllocator::Impl {
   void release_allocated_locked(Block* block);
   void return_to_pool_locked(Block* block);
   void release_free_segments_locked();
+  void note_release_wait(std::uint64_t start_ns) {
+    const std::uint64_t now_ns = device.now_ns();
+    if (now_ns > start_ns) release_wait_ns.fetch_add(now_ns - start_ns, std::memory_order_relaxed);
+  }
   void release_outgrown_segments_locked(const Request& request);
   // A free block that is a whole cudaMalloc'd segment goes back to the device.
   void release_segment_locked(Block* block);
@@ -299,6 +311,8 @@ struct CachingAllocator::Impl {
   const bool size_classes;       // expandable_segments: Note [Size classes]
   const std::size_t page_bytes;  // 0: slabs only (Note [Expandable segments])
   std::atomic<std::size_t> budget_bytes;
+  // Note [Time spent giving memory back]: nanoseconds in device frees and unmaps.
+  std::atomic<std::uint64_t> release_wait_ns{0};
 
   mutable std::mutex mutex;
   BlockPool small_pool{BlockPool::Kind::small};
@@ -713,7 +727,10 @@ void CachingAllocator::Impl::unmap_free_pages_locked(ExpandableSegment* segment,
   const std::uintptr_t last_page = segment->base + (end - segment->base) / page_bytes * page_bytes;
   if (last_page <= first_page) return;
   const std::size_t bytes = last_page - first_page;
-  if (device.unmap_pages(reinterpret_cast<void*>(first_page), bytes) != Status::ok) return;
+  const std::uint64_t start_ns = device.now_ns();
+  const Status unmapped = device.unmap_pages(reinterpret_cast<void*>(first_page), bytes);
+  note_release_wait(start_ns);
+  if (unmapped != Status::ok) return;
   segment->mapped_bytes -= bytes;
   stats.reserved_bytes.decrease(static_cast<std::int64_t>(bytes));
   ++stats.num_device_free;
@@ -920,7 +937,9 @@ void CachingAllocator::Impl::release_outgrown_segments_locked(const Request& req
 
 void CachingAllocator::Impl::release_segment_locked(Block* block) {
   block->pool->remove(block);
+  const std::uint64_t start_ns = device.now_ns();
   device.free(block->pointer());
+  note_release_wait(start_ns);
   segments.erase(block->address);
   stats.segment.decrease(1);
   stats.reserved_bytes.decrease(static_cast<std::int64_t>(block->size));
@@ -1051,6 +1070,10 @@ Status CachingAllocator::record_stream(void* ptr, Stream stream) {
 }
 
 void CachingAllocator::empty_cache() { impl_->empty_cache(); }
+
+std::uint64_t CachingAllocator::release_wait_ns() const {
+  return impl_->release_wait_ns.load(std::memory_order_relaxed);
+}
 
 void CachingAllocator::add_pressure_handler(PressureHandler* handler) {
   std::lock_guard lock(impl_->mutex);

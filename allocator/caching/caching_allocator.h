@@ -67,6 +67,9 @@ class CachingAllocator {
   Status record_stream(void* ptr, Stream stream);
   // Returns every free slab to the device.
   void empty_cache();
+  // Nanoseconds (device clock) spent returning memory to the device, which
+  // waits for its queued work (Note [Time spent giving memory back]).
+  std::uint64_t release_wait_ns() const;
 
   // Handlers are asked in registration order; not owned.
   void add_pressure_handler(PressureHandler* handler);

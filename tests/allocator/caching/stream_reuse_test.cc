@@ -167,5 +167,19 @@ TEST(CachingAllocatorStreamsUnderBudget, AllocationWaitsForDeferredFreesBeforeGi
   device.synchronize();
 }
 
+// Note [Time spent giving memory back]: returning a segment waits for the
+// device's queued work, and the allocator counts that wait.
+TEST_F(CachingAllocatorStreams, GivingMemoryBackCountsTheWaitForQueuedWork) {
+  device_.set_copy_delay_ns(50'000'000);  // 50 ms
+  void* p = allocate_ok(allocator_, 64 * KiB, a_);
+  ASSERT_EQ(allocator_.deallocate(p), Status::ok);
+  std::vector<char> host(64 * KiB), source(64 * KiB);
+  ASSERT_EQ(device_.copy_async(host.data(), source.data(), host.size(), b_), Status::ok);
+  EXPECT_EQ(allocator_.release_wait_ns(), 0u);
+  allocator_.empty_cache();  // the free of p's segment waits for the copy on B
+  EXPECT_EQ(stats().reserved_bytes.current, 0);
+  EXPECT_GT(allocator_.release_wait_ns(), 0u);
+}
+
 }  // namespace
 }  // namespace spillway::testing
