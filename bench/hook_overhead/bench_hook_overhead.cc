@@ -37,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/common/median.h"
 #include "bench/common/metric_reporter.h"
 #include "hooks/torch/spillway_torch.h"
 #include "tools/train_demo/trainer.h"
@@ -55,12 +56,6 @@ struct Options {
   int warmup = 2;  // steps per side before the first timed round
 };
 Options g_options;
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const std::size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
 
 double timed_step_ms(train_demo::Trainer& trainer) {
   const auto start = std::chrono::steady_clock::now();

@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/common/median.h"
 #include "bench/common/metric_reporter.h"
 #include "hooks/torch/sim_torch_allocator.h"
 #include "hooks/torch/spillway_torch.h"
@@ -48,12 +49,6 @@ struct Options {
   int pairs = 1'000'000;
 };
 Options g_options;
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const std::size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
 
 double pair_ns(bool on_torch) {
   std::optional<torch_bridge::HostWorkScope> host;

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "allocator/config/options.h"
+#include "bench/common/median.h"
 #include "bench/common/metric_reporter.h"
 #include "bench/train/traced_step.h"
 #include "hooks/torch/spillway_torch.h"
@@ -64,12 +65,6 @@ struct ChildResult {
   double h2d_bytes = 0;      // per timed step
   double total_step_ms = 0;  // sum of timed steps
 };
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const std::size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
 
 double stat(const nlohmann::json& json, const char* key) {
   return json.contains(key) ? json.at(key).get<double>() : 0.0;
