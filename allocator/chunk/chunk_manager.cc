@@ -125,9 +125,7 @@ class ChunkManager::FetchClock final : public CopyClock {
   explicit FetchClock(const ChunkManager& manager) : manager_(manager) {}
   std::uint64_t now_ns() const override { return manager_.policy_clock_ns_locked(); }
   std::uint64_t fetch_stream_free_at_ns() const override {
-    const std::uint64_t waited = manager_.host_waits_ns_locked();
-    const std::uint64_t free_at = manager_.fetch_stream_free_at_ns_;
-    return free_at > waited ? free_at - waited : 0;
+    return manager_.policy_time_locked(manager_.fetch_stream_free_at_ns_);
   }
   std::optional<std::uint64_t> fetch_ns(ChunkId id) const override {
     const Chunk* chunk = manager_.find_chunk_locked(id);
@@ -565,13 +563,13 @@ void ChunkManager::prefetch_planned_locked() {
 // for a fetch or for the write-backs of a spill (Note [Time spent giving
 // memory back] in caching_allocator.cc).
 std::uint64_t ChunkManager::policy_clock_ns_locked() const {
-  const std::uint64_t now = device_.now_ns();
-  const std::uint64_t waited = host_waits_ns_locked();
-  return now > waited ? now - waited : 0;
+  return policy_time_locked(device_.now_ns());
 }
 
-std::uint64_t ChunkManager::host_waits_ns_locked() const {
-  return static_cast<std::uint64_t>(stats_.stall_ns) + allocator_.release_wait_ns();
+std::uint64_t ChunkManager::policy_time_locked(std::uint64_t device_ns) const {
+  const std::uint64_t waited =
+      static_cast<std::uint64_t>(stats_.stall_ns) + allocator_.release_wait_ns();
+  return device_ns > waited ? device_ns - waited : 0;
 }
 
 std::optional<std::uint64_t> ChunkManager::fetch_ns_locked(const Chunk& chunk) const {

@@ -285,9 +285,10 @@ class ChunkManager final : public PressureHandler {
   void prefetch_planned_locked();
   // The device clock less the host's waits for moves: the policy's clock.
   std::uint64_t policy_clock_ns_locked() const;
-  // The host's waits so far: for fetches (stall_ns) and for the device while
-  // the allocator gave memory back (CachingAllocator::release_wait_ns).
-  std::uint64_t host_waits_ns_locked() const;
+  // A device-clock time on the policy's clock: less the host's waits so far,
+  // for fetches (stall_ns) and for the device while the allocator gave memory
+  // back (CachingAllocator::release_wait_ns).
+  std::uint64_t policy_time_locked(std::uint64_t device_ns) const;
   // The modelled copy time of the chunk's fetch; nullopt without a bandwidth.
   std::optional<std::uint64_t> fetch_ns_locked(const Chunk& chunk) const;
   // A fetch was queued: the fetch stream's modelled end moves past it.
