@@ -186,6 +186,7 @@ Status ChunkManager::acquire(TensorId id, Stream stream, void** device_ptr, Acce
     }
     SPILLWAY_INVARIANT(chunk.resident(), "an acquire hands out only resident bytes");
     policy_->note_time(policy_clock_ns_locked());
+    policy_->note_access_writes(access == AccessMode::read_write);
     policy_->on_access(chunk.id);
     if (tensor->device_users++ == 0) {
       if (tensor->state == TensorState::hold) --chunk.held_tensors;
@@ -200,10 +201,14 @@ Status ChunkManager::acquire(TensorId id, Stream stream, void** device_ptr, Acce
     // After the access is counted, so the plan is at the next one, and after
     // the chunk is in use, so no prefetch evicts it.
     prefetch_planned_locked();
+    write_back_ahead_locked();
     if (wait == WaitMode::stream) {
       mover_.order_after_fetch(chunk.moves, stream);
+      if (access == AccessMode::read_write)
+        mover_.order_write_after_write_back(chunk.moves, stream);
     } else {
-      host_waits = mover_.waits_before_host_reads_device(chunk.moves);
+      host_waits =
+          mover_.waits_before_host_uses_device(chunk.moves, access == AccessMode::read_write);
     }
     *device_ptr = static_cast<char*>(chunk.device_data) + tensor->offset;
   }
@@ -239,7 +244,10 @@ Status ChunkManager::release(TensorId id, Stream stream) {
     ++chunk.held_tensors;
   }
   if (overrun_outstanding_ && chunk.device_users == 0) end_overrun_locked();
-  if (chunk.device_users == 0) prefetch_planned_locked();  // it may be the victim now
+  if (chunk.device_users == 0) {  // it may be the victim now
+    prefetch_planned_locked();
+    write_back_ahead_locked();
+  }
   return Status::ok;
 }
 
@@ -268,6 +276,7 @@ Status ChunkManager::acquire_host(TensorId id, void** host_ptr, AccessMode acces
       notify_locked(chunk);
     }
     policy_->note_time(policy_clock_ns_locked());
+    policy_->note_access_writes(access == AccessMode::read_write);
     policy_->on_host_access(chunk.id);
     if (tensor->host_users++ == 0 && tensor->device_users == 0) {
       if (tensor->state == TensorState::hold) --chunk.held_tensors;
@@ -557,6 +566,24 @@ void ChunkManager::prefetch_planned_locked() {
   }
 }
 
+// Note [Write-backs ahead of spills] (planned_policy.h): one at a time, so a
+// spill's own write-back never queues behind more than one.
+void ChunkManager::write_back_ahead_locked() {
+  if (!options_.planned_prefetch) return;
+  if (Chunk* previous = find_chunk_locked(writing_back_ahead_);
+      previous != nullptr && !mover_.write_back_done(previous->moves)) {
+    return;
+  }
+  for (const ChunkId id : policy_->spill_victims_ahead(Candidates(*this))) {
+    Chunk* chunk = find_chunk_locked(id);
+    if (chunk == nullptr || !chunk->dirty() || chunk->in_use()) continue;
+    // A failure leaves the chunk dirty: its eviction writes it back, or says why not.
+    if (write_back_locked(*chunk) != Status::ok) return;
+    writing_back_ahead_ = id;
+    return;
+  }
+}
+
 // Note [Prefetch timed by op durations]: the host's waits for moves are not
 // op time, or a traced step's stalls would make its ops look long enough to
 // hide the next step's fetches; the policy's clock stops while the host waits,
@@ -703,6 +730,7 @@ std::size_t ChunkManager::relieve_pressure(std::size_t bytes, Stream /*stream*/)
   if (t_allocating_manager == this) return 0;  // our own fetch evicts by itself
   std::lock_guard lock(mutex_);
   std::size_t freed = 0;
+  std::size_t evicted = 0;
   while (freed < bytes) {
     const std::optional<ChunkId> victim = policy_->choose_victim(Candidates(*this));
     if (!victim) break;
@@ -711,7 +739,9 @@ std::size_t ChunkManager::relieve_pressure(std::size_t bytes, Stream /*stream*/)
     const std::size_t device_bytes = device_copy_bytes(*chunk);
     if (evict_locked(*chunk) != Status::ok) break;
     freed += device_bytes;
+    ++evicted;
   }
+  policy_->on_spill(evicted);
   if (freed != 0) {
     SPILLWAY_LOG(debug, "chunk manager: evicted {} under allocator pressure ({} asked)",
                  format_bytes(freed), format_bytes(bytes));
@@ -750,6 +780,7 @@ std::uint64_t ChunkManager::end_step() {
   policy_->note_time(policy_clock_ns_locked());
   policy_->on_step_end();
   prefetch_planned_locked();  // the next step's first chunks
+  write_back_ahead_locked();
   // The step that ended, with the stall the copy model expected in it.
   trace_mark_locked(TraceEventKind::step, step,
                     static_cast<std::uint64_t>(stats_.stall_expected_last_step_ns));

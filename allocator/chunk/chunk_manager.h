@@ -283,6 +283,9 @@ class ChunkManager final : public PressureHandler {
   // Starts the fetches the policy's plan wants next, each when its timing
   // says (Note [Prefetch timed by op durations]).
   void prefetch_planned_locked();
+  // Writes back a dirty chunk the next expected spill will evict (Note
+  // [Write-backs ahead of spills] in planned_policy.h).
+  void write_back_ahead_locked();
   // The device clock less the host's waits for moves: the policy's clock.
   std::uint64_t policy_clock_ns_locked() const;
   // A device-clock time on the policy's clock: less the host's waits so far,
@@ -364,8 +367,9 @@ class ChunkManager final : public PressureHandler {
   TraceSink* const trace_;
   std::uint64_t steps_ended_ = 0;
   // Note [Prefetch timed by op durations].
-  std::uint64_t fetch_stream_free_at_ns_ = 0;  // modelled end of the queued fetches
-  std::int64_t step_stall_ns_ = 0;             // this step's so far
+  std::uint64_t fetch_stream_free_at_ns_ = 0;      // modelled end of the queued fetches
+  ChunkId writing_back_ahead_{~std::uint32_t{0}};  // the latest write_back_ahead_locked chunk
+  std::int64_t step_stall_ns_ = 0;                 // this step's so far
   std::int64_t step_stall_expected_ns_ = 0;
   bool overrun_outstanding_ = false;  // Note [Budget overruns]
   std::size_t min_budget_bytes_ = 0;  // Note [The smallest budget]

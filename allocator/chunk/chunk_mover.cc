@@ -12,6 +12,9 @@
 //     the fetch stream waits for written_back;
 //   - a caller's work reads the device copy after its fetch: the caller's
 //     stream waits for `fetched` (order_after_fetch), or the host does;
+//   - a caller's work that writes the device copy waits for a write-back
+//     still reading it (a write-back ahead of a spill keeps the device copy:
+//     Note [Write-backs ahead of spills] in planned_policy.h);
 //   - a fetch writes a reused block after the work on its previous payload
 //     (Note [Reuse fences]).
 //
@@ -150,12 +153,25 @@ void ChunkMover::order_after_fetch(PayloadMoves& moves, Stream stream) {
   if (moves.fetch_pending) device_.wait_event(stream, moves.fetched);  // Note [Two copy streams]
 }
 
-std::vector<Event> ChunkMover::waits_before_host_reads_device(PayloadMoves& moves) {
+void ChunkMover::order_write_after_write_back(PayloadMoves& moves, Stream stream) {
+  if (!write_back_done(moves)) device_.wait_event(stream, moves.written_back);
+}
+
+bool ChunkMover::write_back_done(PayloadMoves& moves) {
+  if (moves.writeback_pending && device_.query_event(moves.written_back) == Status::ok) {
+    moves.writeback_pending = false;
+  }
+  return !moves.writeback_pending;
+}
+
+std::vector<Event> ChunkMover::waits_before_host_uses_device(PayloadMoves& moves,
+                                                             bool host_writes) {
   std::vector<Event> waits;
   if (moves.fetch_pending && device_.query_event(moves.fetched) == Status::ok) {
     moves.fetch_pending = false;
   }
   if (moves.fetch_pending) waits.push_back(moves.fetched);
+  if (host_writes && !write_back_done(moves)) waits.push_back(moves.written_back);
   for (const StreamUse& use : moves.stream_uses) {
     if (use.pending && device_.query_event(use.last_release) != Status::ok) {
       waits.push_back(use.last_release);

@@ -92,11 +92,17 @@ class ChunkMover {
   void record_release(PayloadMoves& moves, Stream stream);
   // Makes `stream` wait for the fetch in flight, if any.
   void order_after_fetch(PayloadMoves& moves, Stream stream);
+  // Makes `stream`, which is about to write the device copy, wait for the
+  // write-back reading it, if one may be running.
+  void order_write_after_write_back(PayloadMoves& moves, Stream stream);
+  // True when no write-back of the payload may be running.
+  bool write_back_done(PayloadMoves& moves);
 
   // The events the host waits for before it touches the device copy: the
   // fetch and the work released on every stream (Note [Host access to device
-  // copies] in chunk_manager.cc).
-  std::vector<Event> waits_before_host_reads_device(PayloadMoves& moves);
+  // copies] in chunk_manager.cc), and when the host writes, the write-back
+  // reading it.
+  std::vector<Event> waits_before_host_uses_device(PayloadMoves& moves, bool host_writes);
   // The events the host waits for before it touches the host copy: the
   // write-back writing it and, when the host writes, the fetch reading it.
   std::vector<Event> waits_before_host_touches_host(const PayloadMoves& moves, bool host_writes);

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 #include "allocator/chunk/chunk_types.h"
 
@@ -71,6 +72,9 @@ class EvictionPolicy {
   // The clock (Device::now_ns()) just before an access or a step end; a
   // policy that times prefetches measures the traced step with it.
   virtual void note_time(std::uint64_t now_ns) { (void)now_ns; }
+  // Just before an access: whether it may write the chunk (AccessMode
+  // read_write; host accesses that write included).
+  virtual void note_access_writes(bool writes) { (void)writes; }
   // A chunk was acquired (on the device or the host). Prefetches are not
   // accesses.
   virtual void on_access(ChunkId chunk) = 0;
@@ -88,6 +92,8 @@ class EvictionPolicy {
   // nullopt when none is acceptable (or the policy never evicts).
   virtual std::optional<ChunkId> choose_victim(const EvictionCandidates& candidates) = 0;
 
+  // An allocation spilled `chunks` chunks just now (ChunkManager::relieve_pressure).
+  virtual void on_spill(std::size_t chunks) { (void)chunks; }
   // A training step ended (ChunkManager::end_step).
   virtual void on_step_end() {}
   // Planned prefetch (Note [Planned prefetch] in planned_policy.h): the next
@@ -109,6 +115,14 @@ class EvictionPolicy {
     (void)candidates;
     (void)incoming;
     return std::nullopt;
+  }
+  // Note [Write-backs ahead of spills] in planned_policy.h: of the chunks the
+  // next spill the policy expects will evict, those that may be written back
+  // now (`candidates` accepts them, and nothing writes them before the
+  // spill), farthest next use first; empty when it expects none.
+  virtual std::vector<ChunkId> spill_victims_ahead(const EvictionCandidates& candidates) const {
+    (void)candidates;
+    return {};
   }
   virtual PolicyState state() const { return {}; }
 };

@@ -12,11 +12,11 @@ namespace spillway {
 PlannedPolicy::PlannedPolicy(int warmup_steps) : warmup_steps_(std::max(1, warmup_steps)) {}
 
 void PlannedPolicy::on_access(ChunkId chunk) {
-  record_or_follow({chunk, /*on_host=*/false, now_ns_});
+  record_or_follow({chunk, /*on_host=*/false, now_ns_, access_writes_});
 }
 
 void PlannedPolicy::on_host_access(ChunkId chunk) {
-  record_or_follow({chunk, /*on_host=*/true, now_ns_});
+  record_or_follow({chunk, /*on_host=*/true, now_ns_, access_writes_});
 }
 
 void PlannedPolicy::record_or_follow(Access access) {
@@ -46,6 +46,46 @@ void PlannedPolicy::record_or_follow(Access access) {
 }
 
 void PlannedPolicy::on_resident(ChunkId chunk) { lru_.on_resident(chunk); }
+
+void PlannedPolicy::on_spill(std::size_t chunks) {
+  if (phase_ != Phase::tracing || recording_overflowed_ || chunks == 0) return;
+  const std::size_t position = recording_.size();
+  if (!recorded_spills_.empty() && recorded_spills_.back().position == position) {
+    recorded_spills_.back().chunks += chunks;
+  } else {
+    recorded_spills_.push_back({position, chunks});
+  }
+}
+
+// Note [Write-backs ahead of spills].
+std::vector<ChunkId> PlannedPolicy::spill_victims_ahead(
+    const EvictionCandidates& candidates) const {
+  if (phase_ != Phase::following || spills_.empty()) return {};
+  const std::size_t size = sequence_.size();
+  // The next spill: at or after the current position, or the next step's first.
+  const auto next = std::ranges::lower_bound(spills_, position_, {}, &Spill::position);
+  const Spill spill = next != spills_.end()
+                          ? *next
+                          : Spill{spills_.front().position + size, spills_.front().chunks};
+  if (spill.position - position_ > kWriteBackLookahead) return {};  // bounds the work per access
+  // Belady's victims at the spill, among every resident chunk (one in use now
+  // may be idle by then)...
+  std::vector<Victim> ranked;
+  for (const ChunkId chunk : lru_.recency())
+    ranked.push_back({chunk, distance_from(spill.position, chunk)});
+  // ... farthest next use first; stable, so ties keep LRU's order, as choose_victim's do.
+  std::ranges::stable_sort(ranked, std::ranges::greater{}, &Victim::next_use);
+  ranked.resize(std::min(spill.chunks, ranked.size()));
+  // ... those that may be written back now and stay clean until the spill.
+  std::vector<ChunkId> victims;
+  for (const Victim& victim : ranked) {
+    if (candidates.evictable(victim.chunk) &&
+        !written_between(victim.chunk, position_, spill.position)) {
+      victims.push_back(victim.chunk);
+    }
+  }
+  return victims;
+}
 
 void PlannedPolicy::on_evicted(ChunkId chunk) { lru_.on_evicted(chunk); }
 
@@ -158,6 +198,7 @@ void PlannedPolicy::on_step_end() {
         build_plan();
       } else {
         recording_.clear();
+        recorded_spills_.clear();
       }
       recording_overflowed_ = false;
       break;
@@ -176,6 +217,7 @@ void PlannedPolicy::on_step_end() {
       phase_ = Phase::tracing;
       traced_steps_ = warmup_steps_ - 1;
       recording_.clear();
+      recorded_spills_.clear();
       recording_overflowed_ = false;
       break;
   }
@@ -200,6 +242,8 @@ PolicyState PlannedPolicy::state() const {
 void PlannedPolicy::build_plan() {
   sequence_ = std::move(recording_);
   recording_.clear();
+  spills_ = std::move(recorded_spills_);
+  recorded_spills_.clear();
   // Note [Prefetch timed by op durations]: times from the step's first access;
   // a clock that did not move leaves the plan untimed.
   const std::uint64_t first_ns = sequence_.front().time_ns;
@@ -220,6 +264,7 @@ void PlannedPolicy::diverge() {
   ++state_.divergences;
   sequence_.clear();
   uses_.clear();
+  spills_.clear();
   position_ = 0;
   step_ns_ = 0;
 }
@@ -237,6 +282,25 @@ std::size_t PlannedPolicy::distance_from(std::size_t from, ChunkId chunk) const 
   const auto next = std::lower_bound(positions.begin(), positions.end(), in_step);
   if (next != positions.end()) return *next - in_step;
   return size - in_step + positions.front();  // in the next repetition
+}
+
+bool PlannedPolicy::written_between(ChunkId chunk, std::size_t from, std::size_t to) const {
+  const auto found = uses_.find(chunk);
+  if (found == uses_.end()) return false;
+  const std::size_t size = sequence_.size();
+  for (std::size_t at = from; at < to;) {
+    const std::vector<std::size_t>& positions = found->second;
+    const auto use = std::lower_bound(positions.begin(), positions.end(), at % size);
+    if (use == positions.end()) {  // none left in this repetition
+      at += size - at % size;
+      continue;
+    }
+    const std::size_t absolute = at - at % size + *use;
+    if (absolute >= to) return false;
+    if (sequence_[*use].writes) return true;
+    at = absolute + 1;
+  }
+  return false;
 }
 
 }  // namespace spillway

@@ -34,6 +34,23 @@
 // manager asks again after the next acquire and release, and at a step's end
 // for the next step.
 //
+// Note [Write-backs ahead of spills]
+// An allocation that finds the device full spills chunks (Note [Evicting
+// under pressure] in chunk_manager.cc), and a dirty victim's memory is free
+// only once its write-back is done: the allocation waits for a whole copy.
+// The traced step says where allocations spilled (on_spill, at the access
+// they came before) and how many chunks each took. While following, the
+// policy names the chunks Belady would evict at the next such spill
+// (spill_victims_ahead: farthest next use from there, among the resident
+// chunks), less those in use now or written before the spill (cleaning them
+// would be undone; they are named once their last write is done), and the
+// chunk manager
+// writes the dirty ones back early, one at a time on the write-back stream,
+// keeping their device copies. The spill then finds them clean and frees
+// them without a wait. A chunk written again before it is evicted is only
+// dirty again (a writer waits for the write-back reading its bytes); the
+// cost of a wrong guess is one copy on the otherwise idle write-back stream.
+//
 // When the fetch starts: Note [Prefetch timed by op durations]
 // (prefetch_timing.h). With the traced step's times, timed_prefetch() holds a
 // fetch back while a later start still lands it before its use.
@@ -55,6 +72,10 @@ class PlannedPolicy final : public EvictionPolicy {
   // How far ahead a prefetch looks (Note [Planned prefetch]): bounds the work
   // per access; a chunk needed later than this is fetched by a later access.
   static constexpr std::size_t kPrefetchLookahead = 64;
+  // How far ahead a spill's victims are written back (Note [Write-backs
+  // ahead of spills]): bounds the work per access (a ranking of the resident
+  // chunks) to the accesses before a spill.
+  static constexpr std::size_t kWriteBackLookahead = 256;
 
   // `warmup_steps` below 1 counts as 1: a plan needs a traced step.
   explicit PlannedPolicy(int warmup_steps);
@@ -68,6 +89,9 @@ class PlannedPolicy final : public EvictionPolicy {
   std::optional<ChunkId> choose_victim(const EvictionCandidates& candidates) override;
   void on_step_end() override;
   void note_time(std::uint64_t now_ns) override { now_ns_ = now_ns; }
+  void note_access_writes(bool writes) override { access_writes_ = writes; }
+  void on_spill(std::size_t chunks) override;
+  std::vector<ChunkId> spill_victims_ahead(const EvictionCandidates& candidates) const override;
   std::optional<ChunkId> prefetch_candidate() const override;
   std::optional<PlannedFetch> timed_prefetch(const CopyClock& clock) const override;
   // True while following a plan whose traced step has op durations (its
@@ -84,6 +108,13 @@ class PlannedPolicy final : public EvictionPolicy {
     ChunkId chunk;
     bool on_host;           // acquire_host, not acquire: never prefetched
     std::uint64_t time_ns;  // note_time's clock; in sequence_, from the step's first access
+    bool writes;            // note_access_writes
+  };
+  // Note [Write-backs ahead of spills]: an allocation that spilled in the
+  // traced step, just before the access at `position`.
+  struct Spill {
+    std::size_t position;
+    std::size_t chunks;  // how many it evicted
   };
   struct Candidate {
     ChunkId chunk;
@@ -103,6 +134,9 @@ class PlannedPolicy final : public EvictionPolicy {
   std::size_t distance_to_next_use(ChunkId chunk) const;
   // The same from sequence index `from` (past the end: the next repetition).
   std::size_t distance_from(std::size_t from, ChunkId chunk) const;
+  // True when an access in [from, to) (sequence indices, `to` possibly in the
+  // next repetition) may write the chunk.
+  bool written_between(ChunkId chunk, std::size_t from, std::size_t to) const;
   struct Victim {
     ChunkId chunk;
     std::size_t next_use;  // distance_from(from, chunk)
@@ -118,12 +152,15 @@ class PlannedPolicy final : public EvictionPolicy {
   Phase phase_ = Phase::tracing;
   int traced_steps_ = 0;  // since the last plan was dropped
   std::vector<Access> recording_;
+  std::vector<Spill> recorded_spills_;  // the traced step's, in order
   bool recording_overflowed_ = false;
   std::vector<Access> sequence_;                                // the planned step's accesses
   std::unordered_map<ChunkId, std::vector<std::size_t>> uses_;  // positions in sequence_
-  std::size_t position_ = 0;                                    // index of the next expected access
+  std::vector<Spill> spills_;  // the planned step's (Note [Write-backs ahead of spills])
+  std::size_t position_ = 0;   // index of the next expected access
   PolicyState state_;
   // Note [Prefetch timed by op durations].
+  bool access_writes_ = false;       // the latest note_access_writes
   std::uint64_t now_ns_ = 0;         // the latest note_time
   std::uint64_t step_ns_ = 0;        // the planned step's length; 0: not timed
   std::uint64_t ref_real_ns_ = 0;    // the latest access (or step end) on the clock

@@ -13,6 +13,10 @@
 //                                       the simulator hides the traffic)
 //   metric train_stall_expected_fraction_planned  the stall the copy model
 //                                       expected (stall_ns.expected), same base
+//   metric train_spill_wait_fraction_{planned,lru}  the host's waits while the
+//                                       allocator gave memory back for spills
+//                                       (CachingAllocator::release_wait_ns), same base
+//   metric train_step_vs_compute_planned  planned step over train_compute_ms
 //   metric train_sim_stall_fraction_planned  the cost simulator's, same trace
 //   metric train_traced_step_ms         the planned run's last step, from its trace
 //   metric train_step_vs_sim_bound      that step over the simulator's bound
@@ -38,7 +42,9 @@
 #include <string>
 #include <vector>
 
+#include "allocator/caching/caching_allocator.h"
 #include "allocator/config/options.h"
+#include "allocator/runtime.h"
 #include "bench/common/median.h"
 #include "bench/common/metric_reporter.h"
 #include "bench/train/traced_step.h"
@@ -64,6 +70,7 @@ struct ChildResult {
   double expected_ms = 0;    // per timed step
   double h2d_bytes = 0;      // per timed step
   double total_step_ms = 0;  // sum of timed steps
+  double spill_wait_ms = 0;  // per timed step: the allocator's release waits
 };
 
 double stat(const nlohmann::json& json, const char* key) {
@@ -93,6 +100,11 @@ int run_child(const Options& options, const std::string& policy, double bandwidt
   train_demo::Trainer trainer(trainer_options);
   for (int i = 0; i < options.warmup; ++i) trainer.step();
   const nlohmann::json before = nlohmann::json::parse(spillway::memory_stats_json());
+  // Note [Time spent giving memory back] (caching_allocator.cc): host time
+  // that stall_ns does not count.
+  const CachingAllocator* allocator = Runtime::process().active_allocator();
+  if (allocator == nullptr) throw std::runtime_error("spillway is not active");
+  const std::uint64_t release_wait_before = allocator->release_wait_ns();
   std::vector<double> steps;
   for (int i = 0; i < options.steps; ++i) {
     const auto start = std::chrono::steady_clock::now();
@@ -102,13 +114,16 @@ int run_child(const Options& options, const std::string& policy, double bandwidt
             .count());
   }
   const nlohmann::json after = nlohmann::json::parse(spillway::memory_stats_json());
+  const double spill_wait_ms =
+      static_cast<double>(allocator->release_wait_ns() - release_wait_before) / 1e6 / options.steps;
   const auto per_step = [&](const char* key) {
     return (stat(after, key) - stat(before, key)) / options.steps;
   };
   double total = 0;
   for (double ms : steps) total += ms;
-  fmt::print("child-result {} {} {} {} {}\n", median(steps), per_step("stall_ns") / 1e6,
-             per_step("stall_ns.expected") / 1e6, per_step("bytes_moved.h2d"), total);
+  fmt::print("child-result {} {} {} {} {} {}\n", median(steps), per_step("stall_ns") / 1e6,
+             per_step("stall_ns.expected") / 1e6, per_step("bytes_moved.h2d"), total,
+             spill_wait_ms);
   std::fflush(stdout);
   return 0;
 }
@@ -133,7 +148,7 @@ ChildResult run_in_child(const std::vector<std::string>& base_args, const std::s
   std::istringstream line(output.substr(at + 13));
   ChildResult result;
   line >> result.step_ms >> result.stall_ms >> result.expected_ms >> result.h2d_bytes >>
-      result.total_step_ms;
+      result.total_step_ms >> result.spill_wait_ms;
   return result;
 }
 
@@ -163,6 +178,11 @@ void measure(const Options& options, const std::vector<std::string>& base_args) 
                 "ratio");
   report_metric("train_stall_expected_fraction_planned",
                 planned.expected_ms / (planned.total_step_ms / options.steps), "ratio");
+  report_metric("train_spill_wait_fraction_planned",
+                planned.spill_wait_ms / (planned.total_step_ms / options.steps), "ratio");
+  report_metric("train_spill_wait_fraction_lru",
+                lru.spill_wait_ms / (lru.total_step_ms / options.steps), "ratio");
+  report_metric("train_step_vs_compute_planned", planned.step_ms / instant.step_ms, "ratio");
   // 3. The cost simulator on the traced step (the last one).
   const TraceReadResult read = read_trace_file(trace, {.allow_missing_end = true});
   std::filesystem::remove(trace);

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -270,7 +271,7 @@ TEST_F(ChunkMoverTest, TheHostWaitsForTheFetchAndEveryReleasedStreamBeforeReadin
     StreamGate gate(device_, compute_);
     kernels.write(compute_, block, expected);
     mover.record_release(moves, compute_);
-    waits = mover.waits_before_host_reads_device(moves);
+    waits = mover.waits_before_host_uses_device(moves, /*host_writes=*/false);
     EXPECT_FALSE(waits.empty()) << "the held-back kernel is work the host must wait for";
   }
   for (Event event : waits) ASSERT_EQ(device_.synchronize_event(event), Status::ok);
@@ -278,6 +279,43 @@ TEST_F(ChunkMoverTest, TheHostWaitsForTheFetchAndEveryReleasedStreamBeforeReadin
 
   EXPECT_FALSE(moves.fetch_pending);
   EXPECT_TRUE(equals(block, expected)) << "the host read before a released kernel wrote";
+  mover.forget(moves);
+}
+
+// Note [Write-backs ahead of spills]: a write-back may run while the device
+// copy stays; whoever writes that copy next waits for it, a reader does not.
+TEST_F(ChunkMoverTest, AWriterOfTheDeviceCopyWaitsForTheWriteBackReadingIt) {
+  ChunkMover mover(device_);
+  KernelQueue kernels(device_);
+  PayloadMoves moves;
+  void* block = new_block();
+  const std::vector<std::uint8_t> before = pattern(10);
+  std::vector<std::uint8_t> host(kBlockBytes, 0);
+  ASSERT_EQ(mover.fetch(moves, block, kBlockBytes, before.data(), kBlockBytes), Status::ok);
+  mover.order_after_fetch(moves, compute_);
+  {
+    // A reader held back on compute_ keeps the write-back (ordered after it) running.
+    StreamGate gate(device_, compute_);
+    kernels.check(compute_, block, before, "the reader before the write-back");
+    mover.record_release(moves, compute_);
+    ASSERT_EQ(mover.write_back(moves, host.data(), block, kBlockBytes), Status::ok);
+    EXPECT_FALSE(mover.write_back_done(moves));
+
+    const std::vector<Event> read_waits =
+        mover.waits_before_host_uses_device(moves, /*host_writes=*/false);
+    const std::vector<Event> write_waits =
+        mover.waits_before_host_uses_device(moves, /*host_writes=*/true);
+    EXPECT_EQ(std::count(read_waits.begin(), read_waits.end(), moves.written_back), 0);
+    EXPECT_EQ(std::count(write_waits.begin(), write_waits.end(), moves.written_back), 1);
+
+    // On a stream: the writer's kernel runs after the write-back read the bytes.
+    mover.order_write_after_write_back(moves, other_compute_);
+    kernels.write(other_compute_, block, pattern(11));
+  }
+  device_.synchronize();
+  EXPECT_EQ(kernels.mismatches(), 0);
+  EXPECT_EQ(host, before) << "the write-back saw the next writer's bytes";
+  EXPECT_TRUE(mover.write_back_done(moves));
   mover.forget(moves);
 }
 
