@@ -36,6 +36,11 @@ struct Block {
   AllocationOwner owner = AllocationOwner::non_model;  // while allocated
   int pending_events = 0;                              // awaiting_streams: events not yet complete
   std::vector<Stream> used_on_streams;                 // record_stream, other than `stream`
+  // Note [Fenced slabs] (caching_allocator.cc): a free mapped slab given back
+  // with deallocate_after carries an event after its last users.
+  Event fence{};
+  bool fenced = false;
+  bool idle = false;  // ... or with deallocate_idle: nothing queued touches it
 
   // A whole cudaMalloc'd segment, which can be given back with free().
   bool is_whole_segment() const {

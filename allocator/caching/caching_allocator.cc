@@ -139,6 +139,25 @@
 // so the last few megabytes of the budget serve activations rather than
 // forcing a spill.
 //
+// Note [Fenced slabs]
+// A chunk's device copy (a request of exactly chunk_size, Note [Size
+// classes]) is a slab that an eviction frees whole and a spill gives back to
+// the device, so that another stream can have the memory. Given back with
+// cudaFree, the spill waits for all the device's queued work: with the copy
+// streams busy (prefetches, write-backs) that is most of a copy, and it was
+// half of a spilling training step on the simulated device
+// (train_spill_wait_fraction, docs/benchmarks.md). So where the device has
+// virtual memory, a chunk slab is mapped pages on an address range of its
+// own (a *mapped slab*), and the chunk manager gives it back with
+// deallocate_after(ptr, write-back stream): an event recorded there, after
+// the copy's users and its write-back, is the slab's fence. Returning the
+// slab to the device waits for that event only, then unmaps the pages and
+// releases the range; unmapping waits for nothing by itself (Device::
+// unmap_pages: the caller orders it). A mapped slab freed without a fence
+// waits for the whole device, as a cudaFree would. The slab's own stream
+// reuses it at once, as any block (the chunk manager orders its fetches
+// after its own fences); the fence is dropped then.
+//
 // Note [Pressure handlers run unlocked]
 // Handlers (the chunk manager) free memory by calling deallocate, and may
 // hold their own locks while calling allocate. So the allocator never calls
@@ -146,8 +165,9 @@
 // would deadlock or invert lock order.
 //
 // Note [Time spent giving memory back]
-// Returning a segment or unmapping pages waits for the device's queued work
-// (cudaFree and the simulated device's free both synchronize), and under
+// Returning a segment waits for the device's queued work (cudaFree and the
+// simulated device's free both synchronize; unmapping pages waits for the
+// segment's stream, or a mapped slab's fence: Note [Fenced slabs]), and under
 // memory pressure that work is the chunk manager's write-backs of the chunks
 // it just evicted. The time spent there (release_wait_ns) is a spill's cost,
 // not an op's: the chunk manager takes it out of the clock its planned
@@ -185,7 +205,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include <fmt/format.h>
@@ -248,7 +270,9 @@ struct CachingAllocator::Impl {
 
   Status allocate(void** ptr, std::size_t bytes, Stream stream, AllocationOwner owner);
   Status allocate_over_budget(void** ptr, std::size_t bytes, Stream stream);
-  Status deallocate(void* ptr);
+  // Note [Fenced slabs]: `users`, the stream whose queued work is the block's
+  // last; `idle`, none.
+  Status deallocate(void* ptr, std::optional<Stream> users = std::nullopt, bool idle = false);
   Status record_stream(void* ptr, Stream stream);
   void empty_cache();
   void set_budget_bytes(std::size_t bytes);
@@ -273,14 +297,24 @@ struct CachingAllocator::Impl {
   void* hand_out_locked(Block* block, const Request& request);
   void release_allocated_locked(Block* block);
   void return_to_pool_locked(Block* block);
-  void release_free_segments_locked();
+  // Which free memory goes back (Note [Fenced slabs]): mapped slabs that need
+  // no wait; every mapped slab (each waits for its fence) and expandable
+  // segments' free pages; or all that and every free whole segment.
+  enum class ReleaseScope { ready_slabs, mapped_slabs, all };
+  // True when that freed anything.
+  bool release_free_segments_locked(ReleaseScope scope = ReleaseScope::all);
   void note_release_wait(std::uint64_t start_ns) {
     const std::uint64_t now_ns = device.now_ns();
     if (now_ns > start_ns) release_wait_ns.fetch_add(now_ns - start_ns, std::memory_order_relaxed);
   }
   void release_outgrown_segments_locked(const Request& request);
-  // A free block that is a whole cudaMalloc'd segment goes back to the device.
+  // A free block that is a whole segment (cudaMalloc'd, or a mapped slab)
+  // goes back to the device.
   void release_segment_locked(Block* block);
+  // Note [Fenced slabs]: a chunk slab on mapped pages; null where the device
+  // has no virtual memory or refuses it (a cudaMalloc'd slab is tried then).
+  void* reserve_mapped_slab_locked(std::size_t bytes);
+  void drop_fence_locked(Block* block);
   // Cheap when nothing is deferred: called on every allocate and deallocate.
   void collect_completed_frees_if_any_locked() {
     if (!deferred_frees.empty()) collect_completed_frees_locked();
@@ -320,6 +354,9 @@ struct CachingAllocator::Impl {
   BlockAddressMap allocated_blocks;
   DeferredFrees deferred_frees;
   std::unordered_map<std::uintptr_t, std::size_t> segments;  // base address -> bytes
+  // Note [Fenced slabs]: the mapped slabs among them, and spare fence events.
+  std::unordered_set<std::uintptr_t> mapped_slabs;
+  std::vector<Event> spare_fences;
   // Stream -> its expandable segment, while it has pages mapped.
   std::map<std::pair<std::uintptr_t, int>, std::unique_ptr<ExpandableSegment>> expandable_segments;
   std::deque<Block> block_storage;  // stable addresses
@@ -342,7 +379,16 @@ CachingAllocator::Impl::~Impl() {
   // Streams may still use blocks awaiting their events; segments go back only
   // after that work is done.
   for (Event event : deferred_frees.pending_events()) device.synchronize_event(event);
-  for (const auto& [base, bytes] : segments) device.free(reinterpret_cast<void*>(base));
+  device.synchronize();  // unmapping waits for nothing by itself
+  for (const auto& [base, bytes] : segments) {
+    if (mapped_slabs.contains(base)) {
+      device.unmap_pages(reinterpret_cast<void*>(base), bytes);
+      device.release_address_range(reinterpret_cast<void*>(base), bytes);
+    } else {
+      device.free(reinterpret_cast<void*>(base));
+    }
+  }
+  for (Event event : spare_fences) device.destroy_event(event);
   for (const auto& [stream, segment] : expandable_segments) {
     // The mapped runs between holes, from the tail down.
     for (Block* block = segment->tail; block != nullptr;) {
@@ -482,7 +528,13 @@ Status CachingAllocator::Impl::allocate_over_budget(void** ptr, std::size_t byte
 Block* CachingAllocator::Impl::retry_locked(const Request& request, ReserveFailure* failure) {
   collect_completed_frees_locked();
   if (Block* block = request.pool->best_fit(request.stream, request.size)) return block;
-  release_free_segments_locked();
+  // Note [Fenced slabs]: first what goes back without a wait, then what waits
+  // for its own fence, then everything (a cudaFree waits for the device).
+  for (const ReleaseScope scope : {ReleaseScope::ready_slabs, ReleaseScope::mapped_slabs}) {
+    if (!release_free_segments_locked(scope)) continue;
+    if (Block* block = reserve_segment_locked(request, failure)) return block;
+  }
+  release_free_segments_locked(ReleaseScope::all);
   return reserve_segment_locked(request, failure);
 }
 
@@ -513,6 +565,12 @@ Block* CachingAllocator::Impl::reserve_segment_locked(const Request& request,
       *failure =
           ReserveFailure{.over_budget = true, .device_status = Status::ok, .device_error = {}};
       continue;
+    }
+    // A chunk's slab or a small slab: Note [Fenced slabs].
+    const bool slab = request.pool == &small_pool || request.size == large_slab_bytes;
+    if (slab && size_classes) {
+      base = reserve_mapped_slab_locked(bytes);
+      if (base != nullptr) break;
     }
     const Status status = device.malloc(&base, bytes);
     if (status == Status::ok && base != nullptr) break;
@@ -728,6 +786,9 @@ void CachingAllocator::Impl::unmap_free_pages_locked(ExpandableSegment* segment,
   if (last_page <= first_page) return;
   const std::size_t bytes = last_page - first_page;
   const std::uint64_t start_ns = device.now_ns();
+  // Work queued on the stream may still use the pages (uses on other streams
+  // kept the blocks from being free: Note [Deferred frees and streams]).
+  device.synchronize_stream(segment->stream);
   const Status unmapped = device.unmap_pages(reinterpret_cast<void*>(first_page), bytes);
   note_release_wait(start_ns);
   if (unmapped != Status::ok) return;
@@ -800,6 +861,7 @@ void CachingAllocator::Impl::unmap_free_pages_locked(ExpandableSegment* segment,
 // hands out a new block cut from its front, and the free block, shrunk,
 // stays in the pool (Note [Split and coalesce]).
 void* CachingAllocator::Impl::hand_out_locked(Block* free_block, const Request& request) {
+  drop_fence_locked(free_block);  // its own stream reuses it: Note [Fenced slabs]
   Block* block = free_block;
   if (free_block->pool->should_split(*free_block, request.size)) {
     block = new_block_locked();
@@ -830,12 +892,31 @@ void* CachingAllocator::Impl::hand_out_locked(Block* free_block, const Request& 
   return block->pointer();
 }
 
-Status CachingAllocator::Impl::deallocate(void* ptr) {
+Status CachingAllocator::Impl::deallocate(void* ptr, std::optional<Stream> users, bool idle) {
   if (ptr == nullptr) return Status::ok;
   {
     std::lock_guard lock(mutex);
     collect_completed_frees_if_any_locked();
     if (Block* block = allocated_blocks.take(reinterpret_cast<std::uintptr_t>(ptr))) {
+      // Note [Fenced slabs]: without an event, its release waits for the device.
+      block->idle = idle && mapped_slabs.contains(block->address);
+      if (users && mapped_slabs.contains(block->address) && block->is_whole_segment()) {
+        Event fence{};
+        if (!spare_fences.empty()) {
+          fence = spare_fences.back();
+          spare_fences.pop_back();
+        } else if (device.create_event(&fence) != Status::ok) {
+          fence = Event{};
+        }
+        if (fence.handle != nullptr) {
+          if (device.record_event(fence, *users) == Status::ok) {
+            block->fence = fence;
+            block->fenced = true;
+          } else {
+            spare_fences.push_back(fence);
+          }
+        }
+      }
       release_allocated_locked(block);
       // Note [Segments past the budget]: the overrun ends here.
       if (reserved_bytes_locked() > budget_bytes.load(std::memory_order_relaxed))
@@ -918,11 +999,20 @@ bool CachingAllocator::Impl::wait_for_deferred_frees() {
   return !events.empty();
 }
 
-void CachingAllocator::Impl::release_free_segments_locked() {
+bool CachingAllocator::Impl::release_free_segments_locked(ReleaseScope scope) {
+  const std::size_t reserved = reserved_bytes_locked();
   for (BlockPool* pool : {&small_pool, &large_pool}) {
-    for (Block* block : pool->whole_segments()) release_segment_locked(block);
+    for (Block* block : pool->whole_segments()) {
+      const bool mapped = mapped_slabs.contains(block->address);
+      const bool ready =
+          mapped &&
+          (block->idle || (block->fenced && device.query_event(block->fence) == Status::ok));
+      if (scope == ReleaseScope::all || (scope == ReleaseScope::mapped_slabs && mapped) || ready)
+        release_segment_locked(block);
+    }
   }
-  if (page_bytes != 0) shrink_segments_locked();
+  if (page_bytes != 0 && scope != ReleaseScope::ready_slabs) shrink_segments_locked();
+  return reserved_bytes_locked() < reserved;
 }
 
 // Note [Outgrown segments]
@@ -938,7 +1028,18 @@ void CachingAllocator::Impl::release_outgrown_segments_locked(const Request& req
 void CachingAllocator::Impl::release_segment_locked(Block* block) {
   block->pool->remove(block);
   const std::uint64_t start_ns = device.now_ns();
-  device.free(block->pointer());
+  if (mapped_slabs.erase(block->address) != 0) {  // Note [Fenced slabs]
+    if (block->fenced) {
+      device.synchronize_event(block->fence);
+    } else if (!block->idle) {
+      device.synchronize_stream(block->stream);  // its stream's work; others': deferred frees
+    }
+    drop_fence_locked(block);
+    device.unmap_pages(block->pointer(), block->size);
+    device.release_address_range(block->pointer(), block->size);
+  } else {
+    device.free(block->pointer());
+  }
   note_release_wait(start_ns);
   segments.erase(block->address);
   stats.segment.decrease(1);
@@ -946,6 +1047,26 @@ void CachingAllocator::Impl::release_segment_locked(Block* block) {
   ++stats.num_device_free;
   trace_locked(TraceEventKind::segment_free, block->stream, block->address, block->size);
   recycle_block_locked(block);
+}
+
+// Note [Fenced slabs]
+void* CachingAllocator::Impl::reserve_mapped_slab_locked(std::size_t bytes) {
+  if (page_bytes == 0 || bytes % page_bytes != 0) return nullptr;
+  void* base = nullptr;
+  if (device.reserve_address_range(&base, bytes) != Status::ok || base == nullptr) return nullptr;
+  if (device.map_pages(base, bytes) != Status::ok) {
+    device.release_address_range(base, bytes);
+    return nullptr;
+  }
+  mapped_slabs.insert(reinterpret_cast<std::uintptr_t>(base));
+  return base;
+}
+
+void CachingAllocator::Impl::drop_fence_locked(Block* block) {
+  block->idle = false;
+  if (!block->fenced) return;
+  spare_fences.push_back(block->fence);
+  block->fenced = false;
 }
 
 Status CachingAllocator::Impl::record_stream(void* ptr, Stream stream) {
@@ -1067,6 +1188,14 @@ Status CachingAllocator::deallocate(void* ptr) { return impl_->deallocate(ptr); 
 
 Status CachingAllocator::record_stream(void* ptr, Stream stream) {
   return impl_->record_stream(ptr, stream);
+}
+
+Status CachingAllocator::deallocate_after(void* ptr, Stream users) {
+  return impl_->deallocate(ptr, users);
+}
+
+Status CachingAllocator::deallocate_idle(void* ptr) {
+  return impl_->deallocate(ptr, std::nullopt, /*idle=*/true);
 }
 
 void CachingAllocator::empty_cache() { impl_->empty_cache(); }

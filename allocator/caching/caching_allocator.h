@@ -63,6 +63,13 @@ class CachingAllocator {
   // take effect once those streams' events complete. Unknown pointers:
   // invalid_argument.
   Status deallocate(void* ptr);
+  // The same, for a block whose last users are the work queued on `users` so
+  // far (and what the caller ordered before it): a chunk's device copy, after
+  // its write-back. Returning its memory to the device then waits for that
+  // work only, not for the whole device (Note [Fenced slabs]).
+  Status deallocate_after(void* ptr, Stream users);
+  // The same, for a block that no queued work touches any more.
+  Status deallocate_idle(void* ptr);
   // The block holding ptr is also used on `stream` (torch's record_stream).
   Status record_stream(void* ptr, Stream stream);
   // Returns every free slab to the device.

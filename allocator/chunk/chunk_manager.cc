@@ -669,8 +669,16 @@ void ChunkManager::drop_device_copy_locked(Chunk& chunk, std::uint16_t trace_det
   SPILLWAY_INVARIANT(chunk.device_users == 0, "a device copy in use is never given back");
   SPILLWAY_INVARIANT(resident_bytes_ >= device_copy_bytes(chunk),
                      "resident bytes count every device copy");
+  // Note [Fenced slabs] in caching_allocator.cc: the allocator's release of
+  // the memory waits for nothing when the copy is idle, else for the fence
+  // below, which joins its users and its write-back on the write-back stream.
+  const bool idle = mover_.device_copy_idle(chunk.moves);
   mover_.fence_reuse(chunk.moves, chunk.device_data, device_copy_bytes(chunk));
-  allocator_.deallocate(chunk.device_data);
+  if (idle) {
+    allocator_.deallocate_idle(chunk.device_data);
+  } else {
+    allocator_.deallocate_after(chunk.device_data, mover_.writeback_stream());
+  }
   chunk.device_data = nullptr;
   chunk.device_current = false;
   resident_bytes_ -= device_copy_bytes(chunk);

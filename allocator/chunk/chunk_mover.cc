@@ -117,6 +117,10 @@ Status ChunkMover::write_back(PayloadMoves& moves, void* host_data, const void* 
 // Note [Reuse fences]
 void ChunkMover::fence_reuse(PayloadMoves& moves, void* device_data, std::size_t block_bytes) {
   order_writeback_after_releases(moves);
+  // A fetch still writing the block: our own next fetch would queue behind
+  // it anyway, but the allocator may give the memory back after this fence
+  // (Note [Fenced slabs] in caching_allocator.cc).
+  if (moves.fetch_pending) device_.wait_event(writeback_stream_, moves.fetched);
   Event fence = take_event();
   if (fence.handle == nullptr) {
     device_.synchronize_stream(writeback_stream_);  // no event: idle it the slow way
@@ -162,6 +166,16 @@ bool ChunkMover::write_back_done(PayloadMoves& moves) {
     moves.writeback_pending = false;
   }
   return !moves.writeback_pending;
+}
+
+bool ChunkMover::device_copy_idle(PayloadMoves& moves) {
+  if (moves.fetch_pending && device_.query_event(moves.fetched) == Status::ok) {
+    moves.fetch_pending = false;
+  }
+  if (moves.fetch_pending || !write_back_done(moves)) return false;
+  return std::ranges::all_of(moves.stream_uses, [&](const StreamUse& use) {
+    return !use.pending || device_.query_event(use.last_release) == Status::ok;
+  });
 }
 
 std::vector<Event> ChunkMover::waits_before_host_uses_device(PayloadMoves& moves,

@@ -83,8 +83,9 @@ class ChunkMover {
   Status write_back(PayloadMoves& moves, void* host_data, const void* device_data,
                     std::size_t bytes);
   // The device copy [device_data, device_data + block_bytes) goes back to the
-  // allocator next: fences it after its users and its write-back, so that a
-  // later fetch into that memory waits (Note [Reuse fences]).
+  // allocator next: fences it after its fetch, its users and its write-back,
+  // so that a later fetch into that memory waits (Note [Reuse fences]). The
+  // fence is recorded on writeback_stream(), last there.
   void fence_reuse(PayloadMoves& moves, void* device_data, std::size_t block_bytes);
 
   // Work queued on `stream` used the device copy; it is kept until that work
@@ -97,6 +98,9 @@ class ChunkMover {
   void order_write_after_write_back(PayloadMoves& moves, Stream stream);
   // True when no write-back of the payload may be running.
   bool write_back_done(PayloadMoves& moves);
+  // True when no queued work touches the device copy any more: its fetch,
+  // its write-back and the work released on every stream are done.
+  bool device_copy_idle(PayloadMoves& moves);
 
   // The events the host waits for before it touches the device copy: the
   // fetch and the work released on every stream (Note [Host access to device

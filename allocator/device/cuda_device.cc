@@ -337,8 +337,8 @@ Status CudaDevice::do_unmap_pages(void* address, std::size_t bytes) {
   if (bytes == 0 || bytes % page_bytes_ != 0 || start % page_bytes_ != 0) {
     return invalid_argument("unmap_pages: not whole pages");
   }
-  // As cudaFree: work still queued may touch the pages.
-  if (Status status = do_synchronize(); status != Status::ok) return status;
+  // cuMemUnmap does not wait for queued work: the caller orders it (Note
+  // [Virtual memory pages] in device.cc), as the simulated device assumes.
   std::lock_guard lock(pages_mutex_);
   for (std::uintptr_t page = start; page < start + bytes; page += page_bytes_) {
     const auto found = page_handles_.find(page);

@@ -5,8 +5,12 @@
 // once and maps physical pages into it as it needs them, so a segment grows
 // in place and gives back its free pages without moving a byte. The device
 // counts mapped pages, not reserved address space, so the budget and
-// memory_info see what is really held. Backends without it (page_bytes() ==
-// 0) answer unavailable, and callers fall back to malloc.
+// memory_info see what is really held. Unlike cudaFree, unmapping waits for
+// no queued work (nor does cuMemUnmap): the caller first waits for what may
+// still touch the pages (the caching allocator: the segment's stream, or a
+// chunk slab's fence, Note [Fenced slabs] in caching_allocator.cc).
+// Backends without it (page_bytes() == 0) answer unavailable, and callers
+// fall back to malloc.
 #include "allocator/device/device.h"
 
 namespace spillway {

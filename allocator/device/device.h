@@ -95,6 +95,7 @@ class Device {
   }
   // Page-aligned ranges inside a reserved range; map_pages wants them
   // unmapped, unmap_pages wants them mapped (by any earlier map_pages).
+  // Neither waits for queued work: no work may touch pages being unmapped.
   Status map_pages(void* address, std::size_t bytes) { return do_map_pages(address, bytes); }
   Status unmap_pages(void* address, std::size_t bytes) { return do_unmap_pages(address, bytes); }
 

@@ -284,6 +284,22 @@ TEST_F(ChunkMoverTest, TheHostWaitsForTheFetchAndEveryReleasedStreamBeforeReadin
 
 // Note [Write-backs ahead of spills]: a write-back may run while the device
 // copy stays; whoever writes that copy next waits for it, a reader does not.
+// Note [Fenced slabs] in caching_allocator.cc: the allocator may unmap a
+// block once the work on the write-back stream up to the fence is done, so
+// the fence comes after a fetch still writing the block too.
+TEST_F(ChunkMoverTest, AReuseFenceComesAfterAFetchStillWritingTheBlock) {
+  ChunkMover mover(device_);
+  PayloadMoves moves;
+  void* block = new_block();
+  const std::vector<std::uint8_t> bytes = pattern(12);
+  ASSERT_EQ(mover.fetch(moves, block, kBlockBytes, bytes.data(), kBlockBytes), Status::ok);
+  mover.fence_reuse(moves, block, kBlockBytes);  // dropped before its fetch is done
+  ASSERT_EQ(device_.synchronize_stream(mover.writeback_stream()), Status::ok);
+  EXPECT_EQ(device_.query_event(moves.fetched), Status::ok)
+      << "the write-back stream passed the fence while the fetch still ran";
+  mover.forget(moves);
+}
+
 TEST_F(ChunkMoverTest, AWriterOfTheDeviceCopyWaitsForTheWriteBackReadingIt) {
   ChunkMover mover(device_);
   KernelQueue kernels(device_);
