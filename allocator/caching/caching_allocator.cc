@@ -142,19 +142,24 @@
 // Note [Fenced slabs]
 // A chunk's device copy (a request of exactly chunk_size, Note [Size
 // classes]) is a slab that an eviction frees whole and a spill gives back to
-// the device, so that another stream can have the memory. Given back with
-// cudaFree, the spill waits for all the device's queued work: with the copy
-// streams busy (prefetches, write-backs) that is most of a copy, and it was
-// half of a spilling training step on the simulated device
-// (train_spill_wait_fraction, docs/benchmarks.md). So where the device has
-// virtual memory, a chunk slab is mapped pages on an address range of its
-// own (a *mapped slab*), and the chunk manager gives it back with
-// deallocate_after(ptr, write-back stream): an event recorded there, after
-// the copy's users and its write-back, is the slab's fence. Returning the
-// slab to the device waits for that event only, then unmaps the pages and
-// releases the range; unmapping waits for nothing by itself (Device::
-// unmap_pages: the caller orders it). A mapped slab freed without a fence
-// waits for the whole device, as a cudaFree would. The slab's own stream
+// the device, so that another stream can have the memory; a small slab goes
+// back the same way the other way round. Given back with cudaFree, the spill
+// waits for all the device's queued work: with the copy streams busy
+// (prefetches, write-backs) that is most of a copy, and it was half of a
+// spilling training step on the simulated device (train_spill_wait_fraction,
+// docs/benchmarks.md). So where the device has virtual memory, chunk and
+// small slabs are mapped pages on an address range of their own (*mapped
+// slabs*), and giving one back waits only for what may still touch it, then
+// unmaps the pages and releases the range (unmapping waits for nothing by
+// itself: Device::unmap_pages):
+//  - the chunk manager frees a chunk's copy with deallocate_after(ptr,
+//    write-back stream), where its fence joined the copy's fetch, users and
+//    write-back: the allocator records an event there, the slab's fence;
+//  - or with deallocate_idle when all of that is done already: no wait;
+//  - any other free waits for the block's own stream (uses on other streams
+//    keep a block from being free: Note [Deferred frees and streams]).
+// A spill's retry gives back first the slabs that need no wait, then those
+// behind a fence, and only then cudaMalloc'd segments. The slab's own stream
 // reuses it at once, as any block (the chunk manager orders its fetches
 // after its own fences); the fence is dropped then.
 //
@@ -311,8 +316,8 @@ struct CachingAllocator::Impl {
   // A free block that is a whole segment (cudaMalloc'd, or a mapped slab)
   // goes back to the device.
   void release_segment_locked(Block* block);
-  // Note [Fenced slabs]: a chunk slab on mapped pages; null where the device
-  // has no virtual memory or refuses it (a cudaMalloc'd slab is tried then).
+  // Note [Fenced slabs]: a slab on mapped pages; null where the device has
+  // no virtual memory or refuses it (a cudaMalloc'd slab is tried then).
   void* reserve_mapped_slab_locked(std::size_t bytes);
   void drop_fence_locked(Block* block);
   // Cheap when nothing is deferred: called on every allocate and deallocate.
@@ -898,9 +903,10 @@ Status CachingAllocator::Impl::deallocate(void* ptr, std::optional<Stream> users
     std::lock_guard lock(mutex);
     collect_completed_frees_if_any_locked();
     if (Block* block = allocated_blocks.take(reinterpret_cast<std::uintptr_t>(ptr))) {
-      // Note [Fenced slabs]: without an event, its release waits for the device.
-      block->idle = idle && mapped_slabs.contains(block->address);
-      if (users && mapped_slabs.contains(block->address) && block->is_whole_segment()) {
+      // Note [Fenced slabs]: without a fence (or idle), its release waits for its stream.
+      const bool mapped_slab = mapped_slabs.contains(block->address) && block->is_whole_segment();
+      block->idle = idle && mapped_slab;
+      if (users && mapped_slab) {
         Event fence{};
         if (!spare_fences.empty()) {
           fence = spare_fences.back();

@@ -282,8 +282,6 @@ TEST_F(ChunkMoverTest, TheHostWaitsForTheFetchAndEveryReleasedStreamBeforeReadin
   mover.forget(moves);
 }
 
-// Note [Write-backs ahead of spills]: a write-back may run while the device
-// copy stays; whoever writes that copy next waits for it, a reader does not.
 // Note [Fenced slabs] in caching_allocator.cc: the allocator may unmap a
 // block once the work on the write-back stream up to the fence is done, so
 // the fence comes after a fetch still writing the block too.
@@ -300,6 +298,8 @@ TEST_F(ChunkMoverTest, AReuseFenceComesAfterAFetchStillWritingTheBlock) {
   mover.forget(moves);
 }
 
+// Note [Write-backs ahead of spills]: a write-back may run while the device
+// copy stays; whoever writes that copy next waits for it, a reader does not.
 TEST_F(ChunkMoverTest, AWriterOfTheDeviceCopyWaitsForTheWriteBackReadingIt) {
   ChunkMover mover(device_);
   KernelQueue kernels(device_);

@@ -61,7 +61,7 @@ PlannedPolicy traced_policy(std::size_t spilled) {
 
 TEST(WriteBackAhead, TheVictimsAreBeladysAtTheTracedSpillOnceNothingWritesThemBeforeIt) {
   PlannedPolicy policy = traced_policy(2);
-  ASSERT_EQ(policy.state().phase, "following");
+  ASSERT_STREQ(policy.state().phase, "following");
   const Resident all({0, 1, 2, 3});
   // From the spill (before the fourth access, chunk 3's), chunk 1 is next
   // used farthest (in the next step, after 0), then 0; 2 and 3 at once. Both
@@ -82,7 +82,7 @@ TEST(WriteBackAhead, TheVictimsAreBeladysAtTheTracedSpillOnceNothingWritesThemBe
 TEST(WriteBackAhead, NothingIsNamedWithoutATracedSpillOrOffThePlan) {
   const Resident all({0, 1, 2, 3});
   PlannedPolicy without = traced_policy(0);
-  ASSERT_EQ(without.state().phase, "following");
+  ASSERT_STREQ(without.state().phase, "following");
   EXPECT_TRUE(without.spill_victims_ahead(all).empty()) << "no spill in the traced step";
 
   PlannedPolicy tracing(2);
@@ -93,7 +93,7 @@ TEST(WriteBackAhead, NothingIsNamedWithoutATracedSpillOrOffThePlan) {
 
   PlannedPolicy diverged = traced_policy(1);
   access(diverged, {2, false});  // the plan expects 0 first
-  EXPECT_EQ(diverged.state().phase, "diverged");
+  EXPECT_STREQ(diverged.state().phase, "diverged");
   EXPECT_TRUE(diverged.spill_victims_ahead(all).empty());
 }
 
