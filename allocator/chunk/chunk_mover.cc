@@ -151,14 +151,18 @@ void ChunkMover::record_release(PayloadMoves& moves, Stream stream) {
 }
 
 void ChunkMover::order_after_fetch(PayloadMoves& moves, Stream stream) {
-  if (moves.fetch_pending && device_.query_event(moves.fetched) == Status::ok) {
-    moves.fetch_pending = false;
-  }
-  if (moves.fetch_pending) device_.wait_event(stream, moves.fetched);  // Note [Two copy streams]
+  if (!fetch_done(moves)) device_.wait_event(stream, moves.fetched);  // Note [Two copy streams]
 }
 
 void ChunkMover::order_write_after_write_back(PayloadMoves& moves, Stream stream) {
   if (!write_back_done(moves)) device_.wait_event(stream, moves.written_back);
+}
+
+bool ChunkMover::fetch_done(PayloadMoves& moves) {
+  if (moves.fetch_pending && device_.query_event(moves.fetched) == Status::ok) {
+    moves.fetch_pending = false;
+  }
+  return !moves.fetch_pending;
 }
 
 bool ChunkMover::write_back_done(PayloadMoves& moves) {
@@ -168,23 +172,15 @@ bool ChunkMover::write_back_done(PayloadMoves& moves) {
   return !moves.writeback_pending;
 }
 
+// Idle: nothing a host writer of the copy would wait for.
 bool ChunkMover::device_copy_idle(PayloadMoves& moves) {
-  if (moves.fetch_pending && device_.query_event(moves.fetched) == Status::ok) {
-    moves.fetch_pending = false;
-  }
-  if (moves.fetch_pending || !write_back_done(moves)) return false;
-  return std::ranges::all_of(moves.stream_uses, [&](const StreamUse& use) {
-    return !use.pending || device_.query_event(use.last_release) == Status::ok;
-  });
+  return waits_before_host_uses_device(moves, /*host_writes=*/true).empty();
 }
 
 std::vector<Event> ChunkMover::waits_before_host_uses_device(PayloadMoves& moves,
                                                              bool host_writes) {
   std::vector<Event> waits;
-  if (moves.fetch_pending && device_.query_event(moves.fetched) == Status::ok) {
-    moves.fetch_pending = false;
-  }
-  if (moves.fetch_pending) waits.push_back(moves.fetched);
+  if (!fetch_done(moves)) waits.push_back(moves.fetched);
   if (host_writes && !write_back_done(moves)) waits.push_back(moves.written_back);
   for (const StreamUse& use : moves.stream_uses) {
     if (use.pending && device_.query_event(use.last_release) != Status::ok) {

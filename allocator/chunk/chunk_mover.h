@@ -96,7 +96,8 @@ class ChunkMover {
   // Makes `stream`, which is about to write the device copy, wait for the
   // write-back reading it, if one may be running.
   void order_write_after_write_back(PayloadMoves& moves, Stream stream);
-  // True when no write-back of the payload may be running.
+  // True when no fetch (write-back) of the payload may be running.
+  bool fetch_done(PayloadMoves& moves);
   bool write_back_done(PayloadMoves& moves);
   // True when no queued work touches the device copy any more: its fetch,
   // its write-back and the work released on every stream are done.
