@@ -39,8 +39,8 @@ struct Block {
   // Note [Fenced slabs] (caching_allocator.cc): a free mapped slab given back
   // with deallocate_after carries an event after its last users.
   Event fence{};
-  bool fenced = false;
   bool idle = false;  // ... or with deallocate_idle: nothing queued touches it
+  bool fenced() const { return fence.handle != nullptr; }
 
   // A whole cudaMalloc'd segment, which can be given back with free().
   bool is_whole_segment() const {

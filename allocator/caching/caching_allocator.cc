@@ -225,6 +225,7 @@
 #include "allocator/caching/out_of_memory_report.h"
 #include "allocator/config/format_bytes.h"
 #include "allocator/config/invariant.h"
+#include "allocator/device/event_pool.h"
 
 namespace spillway {
 namespace {
@@ -359,9 +360,9 @@ struct CachingAllocator::Impl {
   BlockAddressMap allocated_blocks;
   DeferredFrees deferred_frees;
   std::unordered_map<std::uintptr_t, std::size_t> segments;  // base address -> bytes
-  // Note [Fenced slabs]: the mapped slabs among them, and spare fence events.
+  // Note [Fenced slabs]: the mapped slabs among them, and their fences' events.
   std::unordered_set<std::uintptr_t> mapped_slabs;
-  std::vector<Event> spare_fences;
+  EventPool fences{device};
   // Stream -> its expandable segment, while it has pages mapped.
   std::map<std::pair<std::uintptr_t, int>, std::unique_ptr<ExpandableSegment>> expandable_segments;
   std::deque<Block> block_storage;  // stable addresses
@@ -393,7 +394,6 @@ CachingAllocator::Impl::~Impl() {
       device.free(reinterpret_cast<void*>(base));
     }
   }
-  for (Event event : spare_fences) device.destroy_event(event);
   for (const auto& [stream, segment] : expandable_segments) {
     // The mapped runs between holes, from the tail down.
     for (Block* block = segment->tail; block != nullptr;) {
@@ -907,20 +907,11 @@ Status CachingAllocator::Impl::deallocate(void* ptr, std::optional<Stream> users
       const bool mapped_slab = mapped_slabs.contains(block->address) && block->is_whole_segment();
       block->idle = idle && mapped_slab;
       if (users && mapped_slab) {
-        Event fence{};
-        if (!spare_fences.empty()) {
-          fence = spare_fences.back();
-          spare_fences.pop_back();
-        } else if (device.create_event(&fence) != Status::ok) {
-          fence = Event{};
-        }
-        if (fence.handle != nullptr) {
-          if (device.record_event(fence, *users) == Status::ok) {
-            block->fence = fence;
-            block->fenced = true;
-          } else {
-            spare_fences.push_back(fence);
-          }
+        const Event fence = fences.take();
+        if (fence.handle != nullptr && device.record_event(fence, *users) == Status::ok) {
+          block->fence = fence;
+        } else if (fence.handle != nullptr) {
+          fences.give_back(fence);
         }
       }
       release_allocated_locked(block);
@@ -1012,7 +1003,7 @@ bool CachingAllocator::Impl::release_free_segments_locked(ReleaseScope scope) {
       const bool mapped = mapped_slabs.contains(block->address);
       const bool ready =
           mapped &&
-          (block->idle || (block->fenced && device.query_event(block->fence) == Status::ok));
+          (block->idle || (block->fenced() && device.query_event(block->fence) == Status::ok));
       if (scope == ReleaseScope::all || (scope == ReleaseScope::mapped_slabs && mapped) || ready)
         release_segment_locked(block);
     }
@@ -1035,7 +1026,7 @@ void CachingAllocator::Impl::release_segment_locked(Block* block) {
   block->pool->remove(block);
   const std::uint64_t start_ns = device.now_ns();
   if (mapped_slabs.erase(block->address) != 0) {  // Note [Fenced slabs]
-    if (block->fenced) {
+    if (block->fenced()) {
       device.synchronize_event(block->fence);
     } else if (!block->idle) {
       device.synchronize_stream(block->stream);  // its stream's work; others': deferred frees
@@ -1070,9 +1061,9 @@ void* CachingAllocator::Impl::reserve_mapped_slab_locked(std::size_t bytes) {
 
 void CachingAllocator::Impl::drop_fence_locked(Block* block) {
   block->idle = false;
-  if (!block->fenced) return;
-  spare_fences.push_back(block->fence);
-  block->fenced = false;
+  if (!block->fenced()) return;
+  fences.give_back(block->fence);
+  block->fence = Event{};
 }
 
 Status CachingAllocator::Impl::record_stream(void* ptr, Stream stream) {

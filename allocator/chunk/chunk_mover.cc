@@ -78,7 +78,6 @@ ChunkMover::~ChunkMover() {
   device_.synchronize_stream(fetch_stream_);
   device_.synchronize_stream(writeback_stream_);
   for (const ReuseFence& fence : reuse_fences_) device_.destroy_event(fence.event);
-  for (Event event : spare_events_) device_.destroy_event(event);
   if (fetch_stream_.handle != nullptr) device_.destroy_stream(fetch_stream_);
   if (writeback_stream_.handle != nullptr) device_.destroy_stream(writeback_stream_);
 }
@@ -121,7 +120,7 @@ void ChunkMover::fence_reuse(PayloadMoves& moves, void* device_data, std::size_t
   // it anyway, but the allocator may give the memory back after this fence
   // (Note [Fenced slabs] in caching_allocator.cc).
   if (moves.fetch_pending) device_.wait_event(writeback_stream_, moves.fetched);
-  Event fence = take_event();
+  Event fence = spare_events_.take();
   if (fence.handle == nullptr) {
     device_.synchronize_stream(writeback_stream_);  // no event: idle it the slow way
     return;
@@ -258,7 +257,7 @@ void ChunkMover::wait_for_reuse_fences(void* data, std::size_t bytes) {
     } else if (device_.query_event(fence.event) != Status::ok) {
       return false;
     }
-    spare_events_.push_back(fence.event);  // waits read the record at call time
+    spare_events_.give_back(fence.event);  // waits read the record at call time
     return true;
   });
 }
@@ -268,17 +267,6 @@ void ChunkMover::order_writeback_after_releases(PayloadMoves& moves) {
     if (use.pending) device_.wait_event(writeback_stream_, use.last_release);
     use.pending = false;  // later work on this stream is ordered after them
   }
-}
-
-Event ChunkMover::take_event() {
-  Event event{};
-  if (!spare_events_.empty()) {
-    event = spare_events_.back();
-    spare_events_.pop_back();
-  } else if (device_.create_event(&event) != Status::ok) {
-    event = Event{};
-  }
-  return event;
 }
 
 }  // namespace spillway

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "allocator/device/device.h"
+#include "allocator/device/event_pool.h"
 
 namespace spillway {
 
@@ -126,7 +127,7 @@ class ChunkMover {
 
   // What the mover holds, for tests and descriptions.
   std::size_t reuse_fence_count() const { return reuse_fences_.size(); }
-  std::size_t spare_event_count() const { return spare_events_.size(); }
+  std::size_t spare_event_count() const { return spare_events_.spare_count(); }
 
   // Detail of this thread's last failed call; empty when none.
   static std::string last_error();
@@ -143,14 +144,12 @@ class ChunkMover {
   void wait_for_reuse_fences(void* data, std::size_t bytes);
   // Joins the releases on every stream into the write-back stream.
   void order_writeback_after_releases(PayloadMoves& moves);
-  // From the pool of spare events, or a new one; a null event if none can be made.
-  Event take_event();
 
   Device& device_;
   Stream fetch_stream_{};
   Stream writeback_stream_{};
   std::vector<ReuseFence> reuse_fences_;
-  std::vector<Event> spare_events_;
+  EventPool spare_events_{device_};
 };
 
 }  // namespace spillway
