@@ -192,6 +192,9 @@ class ChunkManager final : public PressureHandler {
   // The iteration boundary (spillway::step(), optimizers): counted, and
   // recorded in the trace. Returns the number of the step that ended, from 1.
   std::uint64_t end_step();
+  // Steps ended by end_step. Steps the planned policy finds when nothing
+  // calls end_step are the policy's (PolicyState::planned_steps), not these:
+  // Note [Steps found in the access stream] in planned_policy.h.
   std::uint64_t steps_ended() const;
   // The eviction policy's name and what it reports (planned: its phase,
   // plans built, divergences).

@@ -27,6 +27,9 @@ struct PolicyState {
   std::int64_t plans_built = 0;    // planned: plans made from a traced step
   std::int64_t divergences = 0;    // planned: steps that departed from the plan
   std::int64_t planned_steps = 0;  // planned: steps that followed the plan to the end
+  // planned: the followed plan's length in accesses when its step was found in
+  // the access stream (nothing marks steps); 0 otherwise.
+  std::int64_t detected_period = 0;
 };
 
 // What the chunk manager knows of copy time, for a policy that times its

@@ -21,6 +21,10 @@ void PlannedPolicy::on_host_access(ChunkId chunk) {
 
 void PlannedPolicy::record_or_follow(Access access) {
   lru_.on_access(access.chunk);
+  if (!steps_marked_) {
+    follow_unmarked(access);
+    return;
+  }
   switch (phase_) {
     case Phase::tracing:
       if (recording_overflowed_) break;
@@ -45,10 +49,86 @@ void PlannedPolicy::record_or_follow(Access access) {
   }
 }
 
+// Note [Steps found in the access stream].
+void PlannedPolicy::follow_unmarked(const Access& access) {
+  remember_unmarked(access);
+  if (phase_ == Phase::following) {
+    if (position_ == sequence_.size() && sequence_.front().chunk == access.chunk) {
+      ++state_.planned_steps;  // round to the plan's first access: a step ended
+      position_ = 0;
+    }
+    if (position_ < sequence_.size() && sequence_[position_].chunk == access.chunk) {
+      ref_traced_ns_ = sequence_[position_].time_ns;
+      ref_real_ns_ = now_ns_;
+      ++position_;
+      return;
+    }
+    diverge();
+    phase_ = Phase::tracing;  // no step end is coming: look again at once
+  }
+  if (const std::optional<std::size_t> period = detector_.find_period())
+    install_detected_plan(*period);
+}
+
+void PlannedPolicy::remember_unmarked(const Access& access) {
+  recording_.push_back(access);
+  detector_.push(access.chunk);
+  if (recording_.size() <= kMaxDetectionHistory) return;
+  const std::size_t keep = kMaxDetectionHistory / 2;
+  const std::size_t dropped = recording_.size() - keep;
+  recording_.erase(recording_.begin(), recording_.begin() + static_cast<std::ptrdiff_t>(dropped));
+  detector_.keep_latest(keep);
+  std::erase_if(recorded_spills_, [&](const Spill& spill) { return spill.position < dropped; });
+  for (Spill& spill : recorded_spills_) spill.position -= dropped;
+  history_trimmed_ = true;
+}
+
+// The last `period` accesses are the step; the next access begins the next one.
+void PlannedPolicy::install_detected_plan(std::size_t period) {
+  const std::size_t end = recording_.size();
+  const std::size_t begin = end - period;
+  std::vector<Access> sequence(recording_.begin() + static_cast<std::ptrdiff_t>(begin),
+                               recording_.end());
+  std::vector<Spill> spills;
+  for (const Spill& spill : recorded_spills_) {
+    if (spill.position >= begin && spill.position < end)
+      spills.push_back({spill.position - begin, spill.chunks});
+  }
+  // The step's length: from the copy before it to this one.
+  const std::uint64_t previous_ns = recording_[begin - period].time_ns;
+  const std::uint64_t this_ns = recording_[begin].time_ns;
+  install_plan(std::move(sequence), std::move(spills),
+               this_ns > previous_ns ? this_ns - previous_ns : 0);
+  position_ = sequence_.size();
+  ref_traced_ns_ = sequence_.back().time_ns;
+  state_.detected_period = static_cast<std::int64_t>(period);
+}
+
+void PlannedPolicy::start_marked_steps() {
+  steps_marked_ = true;
+  detector_ = PeriodDetector();  // its memory too
+  // Whatever detection planned was provisional: plans and counts start from
+  // the program's marks.
+  if (phase_ != Phase::tracing) {
+    sequence_.clear();
+    uses_.clear();
+    spills_.clear();
+    position_ = 0;
+    step_ns_ = 0;
+    phase_ = Phase::tracing;
+  }
+  state_ = {};
+  traced_steps_ = 0;
+  // The stream since the start is the first step, unless it was cut.
+  recording_overflowed_ = history_trimmed_;
+}
+
 void PlannedPolicy::on_resident(ChunkId chunk) { lru_.on_resident(chunk); }
 
 void PlannedPolicy::on_spill(std::size_t chunks) {
-  if (phase_ != Phase::tracing || recording_overflowed_ || chunks == 0) return;
+  if (chunks == 0) return;
+  // Before the first mark every phase records (Note [Steps found in the access stream]).
+  if (steps_marked_ && (phase_ != Phase::tracing || recording_overflowed_)) return;
   const std::size_t position = recording_.size();
   if (!recorded_spills_.empty() && recorded_spills_.back().position == position) {
     recorded_spills_.back().chunks += chunks;
@@ -191,6 +271,7 @@ std::optional<PlannedPolicy::Victim> PlannedPolicy::farthest_next_use(
 }
 
 void PlannedPolicy::on_step_end() {
+  if (!steps_marked_) start_marked_steps();
   switch (phase_) {
     case Phase::tracing:
       ++traced_steps_;
@@ -240,21 +321,29 @@ PolicyState PlannedPolicy::state() const {
 }
 
 void PlannedPolicy::build_plan() {
-  sequence_ = std::move(recording_);
+  std::vector<Access> sequence = std::move(recording_);
   recording_.clear();
-  spills_ = std::move(recorded_spills_);
+  std::vector<Spill> spills = std::move(recorded_spills_);
   recorded_spills_.clear();
+  const std::uint64_t first_ns = sequence.front().time_ns;
+  install_plan(std::move(sequence), std::move(spills), now_ns_ > first_ns ? now_ns_ - first_ns : 0);
+  position_ = 0;
+  ref_traced_ns_ = 0;
+}
+
+void PlannedPolicy::install_plan(std::vector<Access> sequence, std::vector<Spill> spills,
+                                 std::uint64_t step_ns) {
+  sequence_ = std::move(sequence);
+  spills_ = std::move(spills);
   // Note [Prefetch timed by op durations]: times from the step's first access;
   // a clock that did not move leaves the plan untimed.
   const std::uint64_t first_ns = sequence_.front().time_ns;
   for (Access& access : sequence_)  // threads' stalls overlapping may step the clock back
     access.time_ns = access.time_ns > first_ns ? access.time_ns - first_ns : 0;
-  step_ns_ = now_ns_ > first_ns ? now_ns_ - first_ns : 0;
-  ref_traced_ns_ = 0;
+  step_ns_ = step_ns;
   ref_real_ns_ = now_ns_;
   uses_.clear();
   for (std::size_t i = 0; i < sequence_.size(); ++i) uses_[sequence_[i].chunk].push_back(i);
-  position_ = 0;
   phase_ = Phase::following;
   ++state_.plans_built;
 }
@@ -267,6 +356,7 @@ void PlannedPolicy::diverge() {
   spills_.clear();
   position_ = 0;
   step_ns_ = 0;
+  state_.detected_period = 0;
 }
 
 std::size_t PlannedPolicy::distance_to_next_use(ChunkId chunk) const {

@@ -4,7 +4,9 @@
 // Note [Planned eviction follows the traced step]
 //  - Tracing: during the first `warmup_steps` steps (a step ends at
 //    on_step_end, i.e. spillway::step() or a Python optimizer's step) every
-//    chunk access is recorded; meanwhile evictions are LRU's.
+//    chunk access is recorded; meanwhile evictions are LRU's. A program that
+//    marks no steps has them found for it: Note [Steps found in the access
+//    stream].
 //  - Following: from then on the policy expects the last traced step's
 //    accesses again, in the same order. Its position in that sequence gives
 //    every resident chunk its next use; the victim is the evictable chunk
@@ -16,6 +18,38 @@
 //    of the step is LRU's, and the next step is traced again.
 //  - Bounded memory: a step longer than kMaxTracedAccesses accesses is not
 //    planned (it stays LRU's); the recording stops growing there.
+//
+// Note [Steps found in the access stream]
+// A program that never marks its steps (stock torch::optim in C++, with no
+// spillway::step()) still repeats its accesses each iteration. Until the
+// first mark, the policy keeps the stream's recent accesses (at most
+// kMaxDetectionHistory) and a PeriodDetector (period_detector.h) looks at
+// each access for the shortest period P whose last two copies match and
+// that holds every chunk of the latest max(3P, 64) accesses. The last copy
+// becomes the plan, as a traced step would, and following starts at once:
+// the next access is the plan's first. Each time the stream comes round to
+// the plan's first access again, a step ended: planned_steps counts it. Such
+// steps stay the policy's: the chunk manager neither counts them with marked
+// steps nor writes them into the trace, since a loop inside a step (below)
+// can pass for the step for a while, and a trace's steps must be the
+// program's. A departure drops the plan as a marked divergence does, and the
+// search goes on at once, since no step end is coming to retrace from.
+//
+// Limits:
+//  - A step is found only after it has run twice (two steps under LRU, more
+//    while the two hold fewer than 64 accesses), and it begins wherever the
+//    stream was when it was found.
+//  - A loop inside the step is followed while it lasts: gradient
+//    accumulation's micro-batch is found in each of the first two steps and
+//    departed from at the optimizer (a divergence each time); the whole step
+//    is found at the end of the second, like any step.
+//  - A step whose accesses vary from one iteration to the next (data-dependent
+//    control flow) has no period and stays under LRU.
+//  - The first mark ends all of this: the program marks its steps, so
+//    detection stops, anything it planned is dropped, the counts restart,
+//    and the stream since the start is the first traced step, exactly as if
+//    detection had never run (unless the history was cut at
+//    kMaxDetectionHistory: then the next step is traced).
 //
 // Note [Planned prefetch]
 // While following, the policy names the first chunk of the coming accesses
@@ -63,6 +97,7 @@
 
 #include "allocator/policy/eviction_policy.h"
 #include "allocator/policy/lru_policy.h"
+#include "allocator/policy/period_detector.h"
 
 namespace spillway {
 
@@ -76,6 +111,9 @@ class PlannedPolicy final : public EvictionPolicy {
   // ahead of spills]): bounds the work per access (a ranking of the resident
   // chunks) to the accesses before a spill.
   static constexpr std::size_t kWriteBackLookahead = 256;
+  // Note [Steps found in the access stream]: the accesses kept to find the
+  // step in (the oldest half goes when full), so the longest step found.
+  static constexpr std::size_t kMaxDetectionHistory = 1 << 19;
 
   // `warmup_steps` below 1 counts as 1: a plan needs a traced step.
   explicit PlannedPolicy(int warmup_steps);
@@ -122,12 +160,20 @@ class PlannedPolicy final : public EvictionPolicy {
   };
 
   void record_or_follow(Access access);
+  // Note [Steps found in the access stream]: an access before the first mark.
+  void follow_unmarked(const Access& access);
+  void remember_unmarked(const Access& access);
+  void install_detected_plan(std::size_t period);
+  // The first mark: steps are the program's from now on.
+  void start_marked_steps();
   // Note [Planned prefetch]: the next chunk to bring in, if any.
   std::optional<Candidate> next_prefetch() const;
   // The clock's predicted time of the access at sequence index `index`
   // (past the end: the next repetition), from the latest access.
   std::uint64_t predicted_ns(std::size_t index) const;
   void build_plan();
+  // The plan of `sequence` (times from its first access), followed from now.
+  void install_plan(std::vector<Access> sequence, std::vector<Spill> spills, std::uint64_t step_ns);
   void diverge();
   // Accesses from the current position to the chunk's next use; max() when
   // the step never uses it.
@@ -159,6 +205,12 @@ class PlannedPolicy final : public EvictionPolicy {
   std::vector<Spill> spills_;  // the planned step's (Note [Write-backs ahead of spills])
   std::size_t position_ = 0;   // index of the next expected access
   PolicyState state_;
+  // Note [Steps found in the access stream]. Before the first mark,
+  // recording_ and recorded_spills_ hold the stream since the start (or its
+  // latest kMaxDetectionHistory accesses) in every phase.
+  bool steps_marked_ = false;  // on_step_end has been called
+  PeriodDetector detector_;
+  bool history_trimmed_ = false;  // recording_ lost its oldest accesses
   // Note [Prefetch timed by op durations].
   bool access_writes_ = false;       // the latest note_access_writes
   std::uint64_t now_ns_ = 0;         // the latest note_time

@@ -59,7 +59,8 @@ std::string add_client_stats(const std::string& stats_json, const ChunkManager& 
                     {"steps", chunks.steps_ended()},
                     {"plans_built", policy.plans_built},
                     {"planned_steps", policy.planned_steps},
-                    {"divergences", policy.divergences}};
+                    {"divergences", policy.divergences},
+                    {"detected_period", policy.detected_period}};
   return json.dump();
 }
 

@@ -15,6 +15,15 @@
 // spillway::step()) and copies the fresh gradient into the grad chunk, binding
 // the chunk tensor again. Values are the same, so results are too; the cost is
 // one copy per step.
+//
+// Note [A gradient is undefined until a backward defines it]
+// manage() registers the grad chunk but leaves an undefined param.grad
+// undefined, as torch does: optimizers skip a parameter without a gradient
+// (no weight decay, no momentum), so a parameter that a step does not reach
+// must not get a zero gradient from spillway. The first backward that reaches
+// it gives it a fresh tensor, which is bound as after a set-to-none zero_grad.
+// A gradient already defined at manage() is copied into the chunk and bound
+// at once.
 #include <stdexcept>
 #include <string>
 
@@ -72,8 +81,10 @@ void bind_grad(ChunkManager& chunks, ManagedParam& managed) {
   // storage at the current address (Note [Lock order]: no table lock held).
   if (const std::optional<TensorInfo> info = chunks.tensor_info(managed.grad_id))
     point_storage_at(*storage, info->address, storage->data_ptr().device());
+  // Note [A gradient is undefined until a backward defines it].
   const at::Tensor existing = managed.param.grad();
-  if (existing.defined()) copy_into_bound_grad(chunks, managed, existing);
+  if (!existing.defined()) return;
+  copy_into_bound_grad(chunks, managed, existing);
   managed.param.mutable_grad() = managed.bound_grad;
 }
 

@@ -99,6 +99,32 @@ struct TinyTransformerImpl : torch::nn::Module {
 };
 TORCH_MODULE(TinyTransformer);
 
+// A trunk and two heads; the head a micro-batch goes through alternates, and
+// the first step reaches only head A, so head B has no gradient then: torch's
+// optimizers leave it alone (no weight decay, no momentum), and so must
+// spillway (Note [A gradient is undefined until a backward defines it]).
+ModelUnderTest make_two_headed_mlp() {
+  torch::nn::Sequential trunk(
+      torch::nn::Linear(kInputs, kWidth), torch::nn::ReLU(), torch::nn::Linear(kWidth, kWidth),
+      torch::nn::ReLU(), torch::nn::Linear(kWidth, kWidth), torch::nn::ReLU(),
+      torch::nn::Linear(kWidth, kWidth), torch::nn::ReLU(), torch::nn::Linear(kWidth, kWidth),
+      torch::nn::Tanh());
+  torch::nn::Linear head_a(kWidth, kOutputs);
+  torch::nn::Linear head_b(kWidth, kOutputs);
+  auto model = std::make_shared<torch::nn::Module>();
+  model->register_module("trunk", trunk);
+  model->register_module("head_a", head_a);
+  model->register_module("head_b", head_b);
+  auto calls = std::make_shared<int>(0);
+  return {model,
+          [trunk, head_a, head_b, calls](const torch::Tensor& x) mutable {
+            const torch::Tensor features = trunk->forward(x);
+            return (*calls)++ % 3 == 0 ? head_a->forward(features) : head_b->forward(features);
+          },
+          {kBatch, kInputs},
+          {kBatch, kOutputs}};
+}
+
 ModelUnderTest make_tiny_transformer() {
   TinyTransformer model;
   return {model.ptr(),
@@ -107,7 +133,10 @@ ModelUnderTest make_tiny_transformer() {
           {TinyTransformerImpl::kSequence, 4, kOutputs}};
 }
 
-enum class ZeroGrad { in_place, set_to_none };
+// When and how gradients are cleared: optimizer.zero_grad() before each step
+// (torch's default, set to none), by hand to none, or zero_grad() after each
+// step, so the first backward meets whatever gradient manage() left.
+enum class ZeroGrad { in_place, set_to_none, after_step };
 
 struct TrainingSetup {
   std::function<ModelUnderTest()> make_model = make_mlp;
@@ -125,6 +154,10 @@ struct TrainingSetup {
   // Tensors of the parameter's size the optimizer keeps per parameter, outside
   // chunks (Adam's exp_avg and exp_avg_sq: 2; SGD's momentum: 1).
   int optimizer_state_slots = 0;
+  // Managed runs: spillway::step() after each step. Without it, the planned
+  // policy finds the steps in the access stream (Note [Steps found in the
+  // access stream] in allocator/policy/planned_policy.h).
+  bool mark_steps = true;
 };
 
 struct TrainingResult {
@@ -132,7 +165,8 @@ struct TrainingResult {
   std::vector<torch::Tensor> params;
   std::vector<std::uint64_t> bytes_fetched_after_step;  // managed runs only
   // Managed runs: whether each parameter's gradient, after the last step, is
-  // still the tensor spillway bound at manage() (autograd accumulated in place).
+  // still the tensor spillway bound after the first step that reached it
+  // (autograd accumulated in place, or it was re-bound).
   std::vector<bool> grad_still_bound;
 };
 
@@ -161,9 +195,9 @@ class Training {
       spillway::activate();
       set_budget_for({this});
       spillway::manage(*model_.module);
+      // As torch: no gradient before a backward defines it.
       for (const torch::Tensor& param : model_.module->parameters())
-        bound_grads_.push_back(
-            param.grad().defined() ? param.grad().storage().unsafeGetStorageImpl() : nullptr);
+        EXPECT_FALSE(param.grad().defined()) << "manage() defined a gradient";
     }
     optimizer_ = setup.make_optimizer(model_.module->parameters());
     torch::manual_seed(setup.data_seed);
@@ -179,7 +213,7 @@ class Training {
   void run_step(int step) {
     if (setup_.zero_grad == ZeroGrad::in_place) {
       optimizer_->zero_grad();
-    } else {
+    } else if (setup_.zero_grad == ZeroGrad::set_to_none) {
       for (torch::Tensor& param : model_.module->parameters()) param.mutable_grad().reset();
     }
     torch::Tensor step_loss = torch::zeros({});
@@ -190,13 +224,22 @@ class Training {
       step_loss = step_loss + loss.detach();
     }
     optimizer_->step();
+    if (setup_.zero_grad == ZeroGrad::after_step) optimizer_->zero_grad();
     if (managed_ && step == setup_.unmanage_after) {
       spillway::unmanage(*model_.module);
       managed_ = false;
     }
     if (managed_) {
-      spillway::step();
+      if (setup_.mark_steps) spillway::step();
       result_.bytes_fetched_after_step.push_back(stat("bytes_moved.h2d"));
+      // Each gradient as first bound into its chunk, after the first step
+      // that reached its parameter.
+      const std::vector<torch::Tensor> params = model_.module->parameters();
+      bound_grads_.resize(params.size(), nullptr);
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        if (bound_grads_[i] == nullptr && params[i].grad().defined())
+          bound_grads_[i] = params[i].grad().storage().unsafeGetStorageImpl();
+      }
     }
     result_.losses.push_back(step_loss.clone());
   }
@@ -225,11 +268,12 @@ class Training {
     std::size_t index = 0;
     for (const torch::Tensor& param : model_.module->parameters()) {
       result_.params.push_back(param.detach().clone());
+      // Undefined (set to none, and no backward reached it since) is torch's
+      // state too; a defined gradient must be the bound one.
       if (!bound_grads_.empty())
-        result_.grad_still_bound.push_back(param.grad().defined()
-                                               ? param.grad().storage().unsafeGetStorageImpl() ==
-                                                     bound_grads_[index]
-                                               : bound_grads_[index] == nullptr);
+        result_.grad_still_bound.push_back(
+            !param.grad().defined() ||
+            param.grad().storage().unsafeGetStorageImpl() == bound_grads_[index]);
       ++index;
     }
     return std::move(result_);
@@ -332,6 +376,13 @@ TEST(TorchBridgeTraining, GradientAccumulationIsBitIdentical) {
   expect_bit_identical(setup);
 }
 
+TEST(TorchBridgeTraining, AHeadAStepDoesNotReachIsLeftAloneAsInTorch) {
+  TrainingSetup setup = sgd_momentum_setup();  // weight decay and momentum
+  setup.make_model = make_two_headed_mlp;
+  setup.zero_grad = ZeroGrad::after_step;  // the first backward meets manage()'s gradients
+  expect_bit_identical(setup);
+}
+
 TEST(TorchBridgeTraining, TinyTransformerWithAdamIsBitIdentical) {
   TrainingSetup setup = adam_setup();
   setup.make_model = make_tiny_transformer;
@@ -385,6 +436,53 @@ TEST(TorchBridgeTraining, ActorAndCriticInterleavedMatchTheirSoloRuns) {
   }
   EXPECT_GT(stat("bytes_moved.h2d"), fetched_before);
   EXPECT_GT(stat("evictions"), 0u);
+}
+
+// Issue 16, item 2: stock torch::optim optimizers and a plain loop that never
+// calls spillway::step(). The two models' accesses repeat each step, so
+// policy:planned finds the step in them and follows it; both stay
+// bit-identical to their solo runs under either policy.
+TEST(TorchBridgeTraining, TwoModelsThatNeverMarkAStepAreFollowedAndMatchTheirSoloRuns) {
+  TrainingSetup actor = adam_setup();
+  TrainingSetup critic = sgd_momentum_setup();
+  critic.model_seed = 2;
+  critic.data_seed = 3;
+  actor.mark_steps = false;
+  critic.mark_steps = false;
+  // ctest runs each test in a process of its own; run together with others,
+  // an earlier test's step marks have already ended detection.
+  const nlohmann::json before = nlohmann::json::parse(spillway::memory_stats_json());
+  const bool marked_before = before.contains("policy") && before["policy"]["steps"] != 0;
+  const TrainingResult actor_solo = train(actor, /*managed=*/false);
+  const TrainingResult critic_solo = train(critic, /*managed=*/false);
+
+  Training actor_run(actor, /*managed=*/true);
+  Training critic_run(critic, /*managed=*/true);
+  Training::set_budget_for({&actor_run, &critic_run});
+  for (int step = 0; step < kSteps; ++step) {
+    actor_run.run_step(step);
+    critic_run.run_step(step);
+  }
+  // Before finish(), whose reads of the parameters depart from the step.
+  const nlohmann::json policy = nlohmann::json::parse(spillway::memory_stats_json()).at("policy");
+  {
+    SCOPED_TRACE("actor");
+    expect_same_results(actor_solo, actor_run.finish());
+  }
+  {
+    SCOPED_TRACE("critic");
+    expect_same_results(critic_solo, critic_run.finish());
+  }
+  EXPECT_GT(stat("evictions"), 0u);
+  if (policy.at("name") != "planned") return;
+  if (marked_before) GTEST_SKIP() << "an earlier test in this process marked steps";
+  // Adam's first step creates its state, so steps 2 and 3 are the first two
+  // alike: the step is found at the end of the third at the latest.
+  EXPECT_EQ(policy.at("phase"), "following") << policy.dump();
+  EXPECT_GE(policy.at("planned_steps").get<int>(), kSteps - 3) << policy.dump();
+  EXPECT_EQ(policy.at("steps"), 0) << "steps found are not the program's marks: " << policy.dump();
+  EXPECT_EQ(policy.at("divergences"), 0) << policy.dump();
+  EXPECT_GT(policy.at("detected_period").get<int>(), 0) << policy.dump();
 }
 
 // A read fault kills the process with SIGSEGV, except under ASan, which
