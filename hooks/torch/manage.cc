@@ -74,7 +74,7 @@ void manage_params(const std::vector<std::pair<std::string, torch::Tensor>>& nam
   std::unordered_set<const c10::StorageImpl*> seen;  // tied weights share a storage
   std::vector<std::pair<std::string, std::shared_ptr<ManagedParam>>> placed;
   for (const auto& [name, param] : named) {
-    if (!param.defined() || !param.has_storage()) continue;
+    if (!param.defined() || !param.has_storage() || param.storage().nbytes() == 0) continue;
     const c10::StorageImpl* storage = param.storage().unsafeGetStorageImpl();
     if (table.contains(storage) || !seen.insert(storage).second) continue;
     auto managed = std::make_shared<ManagedParam>();
@@ -160,9 +160,14 @@ void configure(const std::string& conf) {
 
 void activate() { torch_bridge::active_chunk_manager(); }
 
+// Buffers (batch norm's running statistics) go into chunks like frozen
+// parameters: no gradient, and the ops that update them in place acquire them
+// for writing (Note [Which inputs an op writes] in op_hooks.cc).
 void manage(torch::nn::Module& module) {
   std::vector<std::pair<std::string, torch::Tensor>> named;
   for (const auto& item : module.named_parameters(/*recurse=*/true))
+    named.emplace_back(item.key(), item.value());
+  for (const auto& item : module.named_buffers(/*recurse=*/true))
     named.emplace_back(item.key(), item.value());
   manage_params(named);
 }
@@ -173,7 +178,11 @@ void manage(std::vector<std::pair<std::string, torch::Tensor>> named_params) {
   manage_params(named_params);
 }
 
-void unmanage(torch::nn::Module& module) { unmanage_params(module.parameters(/*recurse=*/true)); }
+void unmanage(torch::nn::Module& module) {
+  std::vector<torch::Tensor> tensors = module.parameters(/*recurse=*/true);
+  for (const torch::Tensor& buffer : module.buffers(/*recurse=*/true)) tensors.push_back(buffer);
+  unmanage_params(tensors);
+}
 
 void unmanage(std::vector<torch::Tensor> params) { unmanage_params(params); }
 

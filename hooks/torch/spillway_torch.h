@@ -47,17 +47,18 @@ void activate();
 void use_as_torch_cuda_allocator();
 
 // Moves the parameters into chunks (one chunk-manager client per call) and
-// binds their gradients to grad chunks. Parameters already managed are
-// skipped. Throws std::runtime_error when spillway cannot activate or a
-// parameter cannot be placed.
+// binds their gradients to grad chunks (when a backward first defines them,
+// as torch leaves a gradient undefined until then); a module's buffers go
+// into chunks too. Parameters already managed are skipped. Throws std::runtime_error when spillway
+// cannot activate or a parameter cannot be placed.
 void manage(torch::nn::Module& module);
 void manage(std::vector<torch::Tensor> params);
 // As above, with the names the statistics, trace and errors show
 // (module.named_parameters(), say; the Python package passes them).
 void manage(std::vector<std::pair<std::string, torch::Tensor>> named_params);
 
-// Moves the parameters (and their bound gradients) back into ordinary
-// storage and forgets them; a client whose tensors are all unmanaged is
+// Moves the parameters (and their bound gradients), and a module's buffers,
+// back into ordinary storage and forgets them; a client whose tensors are all unmanaged is
 // removed. Unknown tensors are ignored. No op may use them meanwhile.
 void unmanage(torch::nn::Module& module);
 void unmanage(std::vector<torch::Tensor> params);

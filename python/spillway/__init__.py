@@ -94,8 +94,9 @@ def use_as_torch_cuda_allocator():
 
 
 def _named_parameters(module_or_params):
+    # A module's buffers (batch norm's running statistics) are managed too.
     if isinstance(module_or_params, torch.nn.Module):
-        return list(module_or_params.named_parameters())
+        return list(module_or_params.named_parameters()) + list(module_or_params.named_buffers())
     if isinstance(module_or_params, torch.Tensor):
         module_or_params = [module_or_params]
     named = []
@@ -114,7 +115,8 @@ def _named_parameters(module_or_params):
 def manage(module_or_params):
     """Moves parameters into spillway's chunks and binds their gradients there.
 
-    Takes a torch.nn.Module, or an iterable of tensors or (name, tensor) pairs.
+    Takes a torch.nn.Module (its parameters and buffers), or an iterable of
+    tensors or (name, tensor) pairs.
     Each call makes one chunk-manager client (a model); parameters already
     managed are skipped. Activates spillway if needed.
     """
@@ -122,7 +124,8 @@ def manage(module_or_params):
 
 
 def unmanage(module_or_params):
-    """Moves parameters (and their gradients) back into ordinary storage."""
+    """Moves parameters (and their gradients) and a module's buffers back into
+    ordinary storage."""
     _C.unmanage([param for _, param in _named_parameters(module_or_params)])
 
 

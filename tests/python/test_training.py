@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import spillway
-from spillway_testing import (SPILLING_CONF, TRACE_KIND_STEP, TinyTransformer, make_mlp,
+from spillway_testing import (INPUTS, OUTPUTS, SPILLING_CONF, TRACE_KIND_STEP, WIDTH,
+                              TinyTransformer, make_mlp,
                               mlp_batches, parameters_copy, plain_torch, trace_event_kinds,
                               train_step, transformer_batches, use_budget_for)
 
@@ -111,3 +112,36 @@ def test_each_python_optimizer_step_marks_a_step_in_the_trace(spilling_spillway)
     spillway.dump_trace(path)
     assert trace_event_kinds(path).count(TRACE_KIND_STEP) == steps_before + 3
     spillway.unmanage(model)
+
+
+def test_batch_norm_running_statistics_are_managed_and_bit_identical():
+    """Buffers that change every step (issue 16): managed with the module."""
+    with plain_torch():
+        torch.manual_seed(10)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(INPUTS, WIDTH), torch.nn.BatchNorm1d(WIDTH), torch.nn.ReLU(),
+            torch.nn.Linear(WIDTH, WIDTH), torch.nn.BatchNorm1d(WIDTH), torch.nn.ReLU(),
+            torch.nn.Linear(WIDTH, WIDTH), torch.nn.BatchNorm1d(WIDTH), torch.nn.Tanh(),
+            torch.nn.Linear(WIDTH, OUTPUTS))
+    data = mlp_batches(11, STEPS)
+    with plain_torch():
+        plain = copy.deepcopy(model)
+        plain_sgd = torch.optim.SGD(plain.parameters(), lr=1e-2, momentum=0.9, weight_decay=1e-4)
+        plain_losses = [train_step(plain, plain_sgd, batch) for batch in data]
+        plain_params = parameters_copy(plain)
+        plain_buffers = [b.clone() for b in plain.buffers()]
+    use_budget_for((model, 1))  # the momentum
+    before = spillway.memory_stats()
+    spillway.manage(model)
+    buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers())
+    tensors = spillway.memory_stats()["chunk_bytes.tensors"] - before.get("chunk_bytes.tensors", 0)
+    assert tensors == 2 * sum(p.numel() * p.element_size() for p in model.parameters()) + buffer_bytes
+    sgd = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9, weight_decay=1e-4)
+    losses = [train_step(model, sgd, batch) for batch in data]
+    assert_same(plain_losses, losses, plain_params, model)
+    for index, (expected, buffer) in enumerate(zip(plain_buffers, model.buffers())):
+        assert torch.equal(expected, buffer.clone()), f"buffer {index} differs"
+    assert spillway.memory_stats()["evictions"] - before["evictions"] >= STEPS
+    spillway.unmanage(model)
+    for index, (expected, buffer) in enumerate(zip(plain_buffers, model.buffers())):
+        assert torch.equal(expected, buffer), f"buffer {index} differs after unmanage"

@@ -104,11 +104,11 @@ TORCH_MODULE(TinyTransformer);
 // optimizers leave it alone (no weight decay, no momentum), and so must
 // spillway (Note [A gradient is undefined until a backward defines it]).
 ModelUnderTest make_two_headed_mlp() {
-  torch::nn::Sequential trunk(
-      torch::nn::Linear(kInputs, kWidth), torch::nn::ReLU(), torch::nn::Linear(kWidth, kWidth),
-      torch::nn::ReLU(), torch::nn::Linear(kWidth, kWidth), torch::nn::ReLU(),
-      torch::nn::Linear(kWidth, kWidth), torch::nn::ReLU(), torch::nn::Linear(kWidth, kWidth),
-      torch::nn::Tanh());
+  torch::nn::Sequential trunk(torch::nn::Linear(kInputs, kWidth), torch::nn::ReLU(),
+                              torch::nn::Linear(kWidth, kWidth), torch::nn::ReLU(),
+                              torch::nn::Linear(kWidth, kWidth), torch::nn::ReLU(),
+                              torch::nn::Linear(kWidth, kWidth), torch::nn::ReLU(),
+                              torch::nn::Linear(kWidth, kWidth), torch::nn::Tanh());
   torch::nn::Linear head_a(kWidth, kOutputs);
   torch::nn::Linear head_b(kWidth, kOutputs);
   auto model = std::make_shared<torch::nn::Module>();
@@ -121,6 +121,22 @@ ModelUnderTest make_two_headed_mlp() {
             const torch::Tensor features = trunk->forward(x);
             return (*calls)++ % 3 == 0 ? head_a->forward(features) : head_b->forward(features);
           },
+          {kBatch, kInputs},
+          {kBatch, kOutputs}};
+}
+
+// The MLP with batch norm after each hidden layer: its running statistics,
+// buffers that change every step, are managed too.
+ModelUnderTest make_batch_norm_mlp() {
+  torch::nn::Sequential mlp;
+  mlp->push_back(torch::nn::Linear(kInputs, kWidth));
+  for (int layer = 0; layer < 4; ++layer) {
+    mlp->push_back(torch::nn::BatchNorm1d(kWidth));
+    mlp->push_back(torch::nn::ReLU());
+    mlp->push_back(torch::nn::Linear(kWidth, layer == 3 ? kOutputs : kWidth));
+  }
+  return {mlp.ptr(),
+          [mlp](const torch::Tensor& x) mutable { return mlp->forward(x); },
           {kBatch, kInputs},
           {kBatch, kOutputs}};
 }
@@ -163,6 +179,7 @@ struct TrainingSetup {
 struct TrainingResult {
   std::vector<torch::Tensor> losses;
   std::vector<torch::Tensor> params;
+  std::vector<torch::Tensor> buffers;                   // batch norm's running statistics, say
   std::vector<std::uint64_t> bytes_fetched_after_step;  // managed runs only
   // Managed runs: whether each parameter's gradient, after the last step, is
   // still the tensor spillway bound after the first step that reached it
@@ -271,11 +288,13 @@ class Training {
       // Undefined (set to none, and no backward reached it since) is torch's
       // state too; a defined gradient must be the bound one.
       if (!bound_grads_.empty())
-        result_.grad_still_bound.push_back(
-            !param.grad().defined() ||
-            param.grad().storage().unsafeGetStorageImpl() == bound_grads_[index]);
+        result_.grad_still_bound.push_back(!param.grad().defined() ||
+                                           param.grad().storage().unsafeGetStorageImpl() ==
+                                               bound_grads_[index]);
       ++index;
     }
+    for (const torch::Tensor& buffer : model_.module->buffers())
+      result_.buffers.push_back(buffer.clone());
     return std::move(result_);
   }
 
@@ -304,6 +323,9 @@ void expect_same_results(const TrainingResult& plain, const TrainingResult& spil
         << "step " << step << ": loss " << plain.losses[step].item<float>() << " without spillway, "
         << spilled.losses[step].item<float>() << " with it";
   }
+  ASSERT_EQ(plain.buffers.size(), spilled.buffers.size());
+  for (std::size_t i = 0; i < plain.buffers.size(); ++i)
+    EXPECT_TRUE(torch::equal(plain.buffers[i], spilled.buffers[i])) << "buffer " << i << " differs";
   ASSERT_EQ(plain.params.size(), spilled.params.size());
   for (std::size_t i = 0; i < plain.params.size(); ++i) {
     EXPECT_TRUE(torch::equal(plain.params[i], spilled.params[i]))
@@ -381,6 +403,27 @@ TEST(TorchBridgeTraining, AHeadAStepDoesNotReachIsLeftAloneAsInTorch) {
   setup.make_model = make_two_headed_mlp;
   setup.zero_grad = ZeroGrad::after_step;  // the first backward meets manage()'s gradients
   expect_bit_identical(setup);
+}
+
+TEST(TorchBridgeTraining, BatchNormRunningStatisticsAreManagedAndStayBitIdentical) {
+  TrainingSetup setup = sgd_momentum_setup();
+  setup.make_model = make_batch_norm_mlp;
+  expect_bit_identical(setup);
+  // The chunks hold every parameter, its gradient and every buffer.
+  ModelUnderTest model = make_batch_norm_mlp();
+  std::int64_t bytes = 0;
+  for (const torch::Tensor& param : model.module->parameters()) bytes += 2 * param.nbytes();
+  for (const torch::Tensor& buffer : model.module->buffers()) bytes += buffer.nbytes();
+  // The managed run's client: the newest "torch<N>" (earlier tests of this
+  // process may have made others).
+  const nlohmann::json clients = nlohmann::json::parse(spillway::memory_stats_json()).at("clients");
+  int newest = -1;
+  for (const auto& [name, figures] : clients.items()) {
+    if (name.rfind("torch", 0) == 0) newest = std::max(newest, std::stoi(name.substr(5)));
+  }
+  ASSERT_GE(newest, 0) << clients.dump();
+  const nlohmann::json& client = clients.at("torch" + std::to_string(newest));
+  EXPECT_EQ(client.at("chunk_bytes.tensors").get<std::int64_t>(), bytes) << client.dump();
 }
 
 TEST(TorchBridgeTraining, TinyTransformerWithAdamIsBitIdentical) {
