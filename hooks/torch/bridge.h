@@ -40,6 +40,11 @@ struct ManagedParam {
   TensorId grad_id{};
   c10::StorageImpl* bound_grad_storage = nullptr;
   std::mutex grad_mutex;  // serialises rebinding of this parameter's gradient
+  // Note [Binding right after accumulation] (grad_binding.cc): the
+  // parameter's gradient accumulator, kept alive, and the key of our post
+  // hook on it.
+  std::shared_ptr<torch::autograd::Node> grad_accumulator;
+  std::uintptr_t rebind_hook_key = 0;
 };
 
 // What the op hook needs to know about one managed storage.
@@ -122,6 +127,11 @@ void copy_bytes(void* dst, const void* src, std::size_t bytes);
 // grad under `managed.grad_id`) and sets param.grad to it, keeping the values
 // of a gradient already there.
 void bind_grad(ChunkManager& chunks, ManagedParam& managed);
+// Note [Binding right after accumulation]: from now on each backward's fresh
+// gradient goes into the grad chunk as soon as autograd has stored it; undone
+// by stop_rebinding_after_accumulation (unmanage).
+void rebind_after_accumulation(const std::shared_ptr<ManagedParam>& managed);
+void stop_rebinding_after_accumulation(ManagedParam& managed);
 // If autograd replaced param.grad with a tensor of its own (set-to-none
 // zero_grad, then backward), copies it into the grad chunk and binds the
 // chunk tensor again. Cheap when nothing changed.

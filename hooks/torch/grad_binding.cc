@@ -24,8 +24,25 @@
 // it gives it a fresh tensor, which is bound as after a set-to-none zero_grad.
 // A gradient already defined at manage() is copied into the chunk and bound
 // at once.
+//
+// Note [Binding right after accumulation]
+// Left to the next op that uses the parameter, a fresh gradient (the first
+// backward's, and every one after a set-to-none zero_grad, torch 2's default)
+// would stay outside its chunk until the optimizer runs: every gradient of
+// the model at once, as memory no chunk eviction can free. So manage() puts a
+// post hook on each parameter's gradient accumulator (the AccumulateGrad
+// node, which the bridge keeps alive so that every backward uses it): right
+// after autograd stores the gradient, the hook copies it into the chunk and
+// binds the chunk tensor, and the fresh one is freed. At most one gradient
+// is outside its chunk at a time. A node post hook, not
+// register_post_accumulate_grad_hook, whose one slot belongs to Python hooks.
+#include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include "hooks/torch/bridge.h"
 
@@ -86,6 +103,39 @@ void bind_grad(ChunkManager& chunks, ManagedParam& managed) {
   if (!existing.defined()) return;
   copy_into_bound_grad(chunks, managed, existing);
   managed.param.mutable_grad() = managed.bound_grad;
+}
+
+namespace {
+
+class RebindAfterAccumulation final : public torch::autograd::FunctionPostHook {
+ public:
+  explicit RebindAfterAccumulation(std::weak_ptr<ManagedParam> managed)
+      : managed_(std::move(managed)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    if (const std::shared_ptr<ManagedParam> managed = managed_.lock())
+      rebind_grad_if_replaced(active_chunk_manager(), *managed);
+    return outputs;
+  }
+
+ private:
+  std::weak_ptr<ManagedParam> managed_;  // the node must not keep it alive
+};
+
+}  // namespace
+
+void rebind_after_accumulation(const std::shared_ptr<ManagedParam>& managed) {
+  if (!managed->param.requires_grad() || !managed->param.is_leaf()) return;
+  managed->grad_accumulator = torch::autograd::impl::grad_accumulator(managed->param);
+  if (managed->grad_accumulator == nullptr) return;
+  managed->rebind_hook_key =
+      managed->grad_accumulator->add_post_hook(std::make_unique<RebindAfterAccumulation>(managed));
+}
+
+void stop_rebinding_after_accumulation(ManagedParam& managed) {
+  if (managed.grad_accumulator == nullptr) return;
+  managed.grad_accumulator->del_post_hook(managed.rebind_hook_key);
+  managed.grad_accumulator.reset();
 }
 
 void rebind_grad_if_replaced(ChunkManager& chunks, ManagedParam& managed) {

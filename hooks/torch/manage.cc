@@ -95,7 +95,10 @@ void manage_params(const std::vector<std::pair<std::string, torch::Tensor>>& nam
                          c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage), device,
                          managed});
     move_into_chunk(chunks, managed->param_id, *storage, device, std::move(original), name);
-    if (managed->param.requires_grad()) torch_bridge::bind_grad(chunks, *managed);
+    if (managed->param.requires_grad()) {
+      torch_bridge::bind_grad(chunks, *managed);
+      torch_bridge::rebind_after_accumulation(managed);
+    }
   }
 }
 
@@ -137,6 +140,7 @@ void unmanage_params(const std::vector<torch::Tensor>& params) {
     std::optional<Binding> binding = binding_table().find(storage);
     if (!binding || binding->managed == nullptr) continue;
     ManagedParam& managed = *binding->managed;
+    torch_bridge::stop_rebinding_after_accumulation(managed);
     torch_bridge::rebind_grad_if_replaced(chunks, managed);
     unbind_storage(chunks, storage);
     if (managed.bound_grad_storage != nullptr) unbind_storage(chunks, managed.bound_grad_storage);
@@ -185,6 +189,11 @@ void unmanage(torch::nn::Module& module) {
 }
 
 void unmanage(std::vector<torch::Tensor> params) { unmanage_params(params); }
+
+bool is_managed(const torch::Tensor& tensor) {
+  if (!tensor.defined() || !tensor.has_storage() || binding_table().empty()) return false;
+  return binding_table().find(tensor.storage().unsafeGetStorageImpl()).has_value();
+}
 
 std::string memory_stats_json() {
   Runtime& runtime = Runtime::process();

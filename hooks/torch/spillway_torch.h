@@ -63,6 +63,10 @@ void manage(std::vector<std::pair<std::string, torch::Tensor>> named_params);
 void unmanage(torch::nn::Module& module);
 void unmanage(std::vector<torch::Tensor> params);
 
+// Whether the tensor's storage lives in a chunk (a managed parameter, its
+// bound gradient, or a managed buffer).
+bool is_managed(const torch::Tensor& tensor);
+
 // Allocator and chunk figures under the contract keys (design section 3), as
 // JSON; "{}" while spillway is not active.
 std::string memory_stats_json();

@@ -89,6 +89,8 @@ void bind_runtime(py::module_& module) {
         spillway::unmanage(std::move(params));
       },
       py::arg("params"));
+  module.def("_is_managed", &spillway::is_managed, py::arg("tensor"),
+             "Whether the tensor's storage lives in a chunk.");
   module.def("use_as_torch_cuda_allocator", &spillway::use_as_torch_cuda_allocator,
              py::call_guard<py::gil_scoped_release>(),
              "Makes spillway torch's CUDA allocator (hooks/torch/torch_cuda_allocator.h).");

@@ -25,6 +25,7 @@ import torch  # first: the extension links against torch's libraries
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import _C
+from . import _checkpoint
 from . import optim
 from ._engine import Engine, initialize
 
@@ -118,15 +119,21 @@ def manage(module_or_params):
     Takes a torch.nn.Module (its parameters and buffers), or an iterable of
     tensors or (name, tensor) pairs.
     Each call makes one chunk-manager client (a model); parameters already
-    managed are skipped. Activates spillway if needed.
+    managed are skipped. Activates spillway if needed. A module's
+    state_dict() then holds true values whatever is evicted (Note
+    [Checkpoints of managed modules] in _checkpoint.py).
     """
     _C.manage(_named_parameters(module_or_params))
+    if isinstance(module_or_params, torch.nn.Module):
+        _checkpoint.hook(module_or_params)
 
 
 def unmanage(module_or_params):
     """Moves parameters (and their gradients) and a module's buffers back into
     ordinary storage."""
     _C.unmanage([param for _, param in _named_parameters(module_or_params)])
+    if isinstance(module_or_params, torch.nn.Module):
+        _checkpoint.unhook(module_or_params)
 
 
 def memory_stats():

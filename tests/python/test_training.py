@@ -5,6 +5,7 @@ back every step, with strict_residency (an evicted tensor's memory faults).
 """
 
 import copy
+import io
 import os
 import tempfile
 
@@ -145,3 +146,48 @@ def test_batch_norm_running_statistics_are_managed_and_bit_identical():
     spillway.unmanage(model)
     for index, (expected, buffer) in enumerate(zip(plain_buffers, model.buffers())):
         assert torch.equal(expected, buffer), f"buffer {index} differs after unmanage"
+
+
+def test_a_checkpoint_saved_mid_run_while_spilled_resumes_as_plain_torch():
+    """torch.save(model.state_dict()) under strict_residency with most chunks
+    evicted (issue 16): a fresh plain model loaded from it trains on exactly
+    as the plain run, and so does the managed one."""
+    with plain_torch():
+        torch.manual_seed(12)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(INPUTS, WIDTH),
+            *[torch.nn.Sequential(torch.nn.Tanh(), torch.nn.Linear(WIDTH, WIDTH))
+              for _ in range(6)],
+            torch.nn.Tanh(), torch.nn.Linear(WIDTH, OUTPUTS))
+        fresh = copy.deepcopy(model)
+    data = mlp_batches(13, 4)
+
+    def sgd(params):
+        return torch.optim.SGD(params, lr=1e-2, momentum=0.9)
+
+    with plain_torch():
+        plain = copy.deepcopy(model)
+        plain_sgd = sgd(plain.parameters())
+        plain_losses = [train_step(plain, plain_sgd, batch) for batch in data]
+        plain_params = parameters_copy(plain)
+    use_budget_for((model, 1))
+    spillway.manage(model)
+    managed_sgd = sgd(model.parameters())
+    losses = [train_step(model, managed_sgd, batch) for batch in data[:2]]
+    stats = spillway.memory_stats()
+    assert stats["chunk_bytes.device"] < stats["chunk_bytes.capacity"] // 2, "most chunks on the device"
+    checkpoint = io.BytesIO()
+    torch.save({"model": model.state_dict(), "optimizer": managed_sgd.state_dict()}, checkpoint)
+    losses += [train_step(model, managed_sgd, batch) for batch in data[2:]]
+    with plain_torch():  # the copies compared, off the device budget
+        assert_same(plain_losses, losses, plain_params, model)
+        checkpoint.seek(0)
+        saved = torch.load(checkpoint)
+        fresh.load_state_dict(saved["model"])
+        fresh_sgd = sgd(fresh.parameters())
+        fresh_sgd.load_state_dict(saved["optimizer"])
+        resumed = [train_step(fresh, fresh_sgd, batch) for batch in data[2:]]
+        assert_same(plain_losses[2:], resumed, plain_params, fresh)
+    # Unmanaged, the model is ordinary tensors on the device: room for it.
+    use_budget_for((model, 4))
+    spillway.unmanage(model)

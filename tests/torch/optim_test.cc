@@ -5,7 +5,7 @@
 //
 // SPILLWAY_OPTIM_TEST_BUDGET overrides the 6 MiB device budget: ctest runs
 // the suite twice, at 6 MiB (most updates fall back to the host: a step's
-// param, grad and two state chunks do not fit in three) and at 16 MiB (most
+// param, grad and two state chunks do not fit in three) and at 12 MiB (most
 // run on the device), so both paths of Note [Where an update runs] are tested.
 #include <gtest/gtest.h>
 
@@ -43,9 +43,10 @@ constexpr double kFloor = 1e-3;
 const char* budget_override() { return std::getenv("SPILLWAY_OPTIM_TEST_BUDGET"); }
 
 // On the sim device the budget also holds what torch allocates (Note [torch's
-// CPU allocator on the sim device]): here the gradients autograd makes after a
-// set-to-none zero_grad (the default), until the optimizer's step copies them
-// into their chunks. The allocator's budget is the configured one (the room
+// CPU allocator on the sim device]): here the reference runs' gradients, and
+// the gradient autograd makes after a set-to-none zero_grad (the default)
+// until it goes into its chunk (Note [Binding right after accumulation] in
+// grad_binding.cc). The allocator's budget is the configured one (the room
 // for chunks the two runs are about) plus kGradientRoomBytes for them.
 constexpr std::size_t kGradientRoomBytes = std::size_t{6} << 20;  // the MLP's 4.3 MiB, in slabs
 
