@@ -36,6 +36,10 @@ struct ManagedParam {
   ClientId client{};
   at::Tensor param;  // the leaf variable (holds it alive while managed)
   TensorId param_id{};
+  // A tensor over the chunk-backed storage manage() bound, with the
+  // parameter's layout: param's data unless set_data replaced it (Note
+  // [set_data on a managed parameter]).
+  at::Tensor bound_param;
   at::Tensor bound_grad;  // chunk-resident; param.grad() unless autograd replaced it
   TensorId grad_id{};
   c10::StorageImpl* bound_grad_storage = nullptr;
@@ -131,6 +135,11 @@ void bind_grad(ChunkManager& chunks, ManagedParam& managed);
 // gradient goes into the grad chunk as soon as autograd has stored it; undone
 // by stop_rebinding_after_accumulation (unmanage).
 void rebind_after_accumulation(const std::shared_ptr<ManagedParam>& managed);
+// Note [set_data on a managed parameter] (param_rebinding.cc): new data of
+// the old layout goes into the chunk, and the parameter points there again;
+// throws std::runtime_error for another shape or dtype.
+void rebind_param_if_replaced(ChunkManager& chunks, ManagedParam& managed);
+bool same_layout(const at::Tensor& a, const at::Tensor& b);  // sizes, strides, dtype, device
 void stop_rebinding_after_accumulation(ManagedParam& managed);
 // If autograd replaced param.grad with a tensor of its own (set-to-none
 // zero_grad, then backward), copies it into the grad chunk and binds the

@@ -7,9 +7,11 @@
 // the chunk; then they are freed. From then on the storage holds a DataPtr
 // without a deleter into chunk memory, updated by the observer
 // (binding_table.cc) on every move.
+#include <exception>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 
@@ -80,6 +82,7 @@ void manage_params(const std::vector<std::pair<std::string, torch::Tensor>>& nam
     auto managed = std::make_shared<ManagedParam>();
     managed->client = client;
     managed->param = param;
+    managed->bound_param = param.detach();  // Note [set_data on a managed parameter]
     managed->param_id = register_storage(chunks, client, TensorKind::param, param, name);
     // The gradient has the parameter's layout, hence its storage size. A
     // frozen parameter (requires_grad false) gets none.
@@ -133,15 +136,25 @@ void unbind_storage(ChunkManager& chunks, c10::StorageImpl* storage) {
 void unmanage_params(const std::vector<torch::Tensor>& params) {
   if (binding_table().empty()) return;
   ChunkManager& chunks = torch_bridge::active_chunk_manager();
+  // By the parameter, not its storage: set_data may have given it another.
+  std::unordered_map<const c10::TensorImpl*, std::shared_ptr<ManagedParam>> by_param;
+  for (const auto& managed : binding_table().managed_params())
+    by_param.emplace(managed->param.unsafeGetTensorImpl(), managed);
   std::unordered_set<std::uint32_t> touched_clients;
   for (const torch::Tensor& param : params) {
-    if (!param.defined() || !param.has_storage()) continue;
-    c10::StorageImpl* storage = param.storage().unsafeGetStorageImpl();
-    std::optional<Binding> binding = binding_table().find(storage);
-    if (!binding || binding->managed == nullptr) continue;
-    ManagedParam& managed = *binding->managed;
+    if (!param.defined()) continue;
+    const auto found = by_param.find(param.unsafeGetTensorImpl());
+    if (found == by_param.end()) continue;
+    ManagedParam& managed = *found->second;
     torch_bridge::stop_rebinding_after_accumulation(managed);
     torch_bridge::rebind_grad_if_replaced(chunks, managed);
+    // Note [set_data on a managed parameter]: data of the old layout goes
+    // back into the chunk first, and out with it; data of another layout is
+    // the parameter's own already, and the chunk's copy is dropped.
+    c10::StorageImpl* storage = managed.bound_param.storage().unsafeGetStorageImpl();
+    if (param.storage().unsafeGetStorageImpl() != storage &&
+        torch_bridge::same_layout(param, managed.bound_param))
+      torch_bridge::rebind_param_if_replaced(chunks, managed);
     unbind_storage(chunks, storage);
     if (managed.bound_grad_storage != nullptr) unbind_storage(chunks, managed.bound_grad_storage);
     touched_clients.insert(static_cast<std::uint32_t>(managed.client));
@@ -208,13 +221,24 @@ void step() {
   // Not an activation: a program that never managed anything stays as it is.
   Runtime& runtime = Runtime::process();
   if (runtime.active_allocator() == nullptr) return;
-  runtime.chunk_manager().end_step();
-  torch_bridge::OpGpuTiming::process().on_step_end();
+  // Before the step ends: the rebinding's accesses belong to the step whose
+  // set_data or zero_grad made them, not to the next one's trace. A
+  // rebinding that fails still lets the step end, then reaches the caller.
+  std::exception_ptr rebinding_failed;
   if (!binding_table().empty()) {
     ChunkManager& chunks = torch_bridge::active_chunk_manager();
-    for (const auto& managed : binding_table().managed_params())
+    for (const auto& managed : binding_table().managed_params()) {
+      try {
+        torch_bridge::rebind_param_if_replaced(chunks, *managed);
+      } catch (const std::runtime_error&) {
+        if (!rebinding_failed) rebinding_failed = std::current_exception();
+      }
       torch_bridge::rebind_grad_if_replaced(chunks, *managed);
+    }
   }
+  runtime.chunk_manager().end_step();
+  torch_bridge::OpGpuTiming::process().on_step_end();
+  if (rebinding_failed) std::rethrow_exception(rebinding_failed);
   check_budget_fits_ops();
 }
 

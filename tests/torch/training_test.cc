@@ -174,6 +174,10 @@ struct TrainingSetup {
   // policy finds the steps in the access stream (Note [Steps found in the
   // access stream] in allocator/policy/planned_policy.h).
   bool mark_steps = true;
+  // After this step's update (-1: never), the first parameter gets new data of
+  // its layout with set_data, in both runs (Note [set_data on a managed
+  // parameter] in hooks/torch/param_rebinding.cc).
+  int set_data_after = -1;
 };
 
 struct TrainingResult {
@@ -185,6 +189,9 @@ struct TrainingResult {
   // still the tensor spillway bound after the first step that reached it
   // (autograd accumulated in place, or it was re-bound).
   std::vector<bool> grad_still_bound;
+  // Managed runs: whether each parameter's storage is still in a chunk at
+  // the end (set_data's new data included).
+  std::vector<bool> params_in_chunks;
 };
 
 std::uint64_t stat(const std::string& key) {
@@ -242,6 +249,15 @@ class Training {
     }
     optimizer_->step();
     if (setup_.zero_grad == ZeroGrad::after_step) optimizer_->zero_grad();
+    if (step == setup_.set_data_after) {
+      torch::Tensor first = model_.module->parameters().front();
+      torch::Tensor halved;
+      {
+        torch::NoGradGuard no_grad;
+        halved = first.detach() * 0.5;
+      }
+      first.set_data(halved);
+    }
     if (managed_ && step == setup_.unmanage_after) {
       spillway::unmanage(*model_.module);
       managed_ = false;
@@ -281,10 +297,13 @@ class Training {
     spillway::Runtime::process().active_allocator()->set_budget_bytes(budget);
   }
 
+  torch::nn::Module& module() { return *model_.module; }
+
   TrainingResult finish() {
     std::size_t index = 0;
     for (const torch::Tensor& param : model_.module->parameters()) {
       result_.params.push_back(param.detach().clone());
+      if (managed_) result_.params_in_chunks.push_back(spillway::is_managed(param));
       // Undefined (set to none, and no backward reached it since) is torch's
       // state too; a defined gradient must be the bound one.
       if (!bound_grads_.empty())
@@ -342,6 +361,8 @@ void expect_bit_identical(const TrainingSetup& setup) {
   // Gradients stayed in their grad chunks (re-bound after set-to-none).
   for (std::size_t i = 0; i < spilled.grad_still_bound.size(); ++i)
     EXPECT_TRUE(spilled.grad_still_bound[i]) << "parameter " << i << "'s gradient left its chunk";
+  for (std::size_t i = 0; i < spilled.params_in_chunks.size(); ++i)
+    EXPECT_TRUE(spilled.params_in_chunks[i]) << "parameter " << i << " left its chunk";
 
   // Chunks moved in and out, every step.
   std::uint64_t before = 0;
@@ -424,6 +445,35 @@ TEST(TorchBridgeTraining, BatchNormRunningStatisticsAreManagedAndStayBitIdentica
   ASSERT_GE(newest, 0) << clients.dump();
   const nlohmann::json& client = clients.at("torch" + std::to_string(newest));
   EXPECT_EQ(client.at("chunk_bytes.tensors").get<std::int64_t>(), bytes) << client.dump();
+}
+
+TEST(TorchBridgeTraining, NewDataOfTheSameLayoutGoesBackIntoTheChunk) {
+  TrainingSetup setup = adam_setup();
+  setup.set_data_after = 1;
+  expect_bit_identical(setup);
+}
+
+TEST(TorchBridgeTraining, NewDataOfAnotherShapeIsAnErrorAtTheStepBoundary) {
+  Training run(adam_setup(), /*managed=*/true);
+  run.run_step(0);
+  torch::Tensor first = run.module().parameters().front();
+  first.set_data(torch::zeros({3, 3}));
+  auto steps = [] {
+    return nlohmann::json::parse(spillway::memory_stats_json()).at("policy").at("steps").get<int>();
+  };
+  const int steps_before = steps();
+  try {
+    spillway::step();
+    FAIL() << "step() accepted new data of another shape";
+  } catch (const std::runtime_error& error) {
+    EXPECT_NE(std::string(error.what()).find("was replaced"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("Unmanage"), std::string::npos) << error.what();
+  }
+  EXPECT_FALSE(spillway::is_managed(first));
+  EXPECT_EQ(steps(), steps_before + 1) << "the step did not end";
+  // Unmanaging keeps the new data and drops the chunk's copy.
+  spillway::unmanage(run.module());
+  EXPECT_TRUE(torch::equal(first, torch::zeros({3, 3})));
 }
 
 TEST(TorchBridgeTraining, TinyTransformerWithAdamIsBitIdentical) {

@@ -1,0 +1,58 @@
+// Note [set_data on a managed parameter]
+// `param.data = t` (C++ set_data) points a managed parameter at another
+// storage: torch's optimizers would then update bytes outside its chunk, and
+// spillway's (which read the chunk) would update the old values. The bridge
+// notices at the step boundary (spillway::step(), every Python optimizer's
+// step) and at unmanage: new data of the same shape, dtype and layout is
+// copied into the chunk, and the parameter points at the chunk again, as
+// manage() left it. Data of another shape or dtype cannot go in the chunk
+// laid out for the old one; that is an error naming the parameter and the
+// way out (unmanage, change the data, manage again), never a silent fork.
+#include <stdexcept>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "hooks/torch/bridge.h"
+
+namespace spillway::torch_bridge {
+
+bool same_layout(const at::Tensor& a, const at::Tensor& b) {
+  return a.sizes() == b.sizes() && a.strides() == b.strides() &&
+         a.scalar_type() == b.scalar_type() && a.device() == b.device();
+}
+
+void rebind_param_if_replaced(ChunkManager& chunks, ManagedParam& managed) {
+  std::lock_guard lock(managed.grad_mutex);
+  at::Tensor& param = managed.param;
+  if (!param.has_storage() || managed.bound_param.storage().unsafeGetStorageImpl() ==
+                                  param.storage().unsafeGetStorageImpl())
+    return;
+  const at::Tensor& bound = managed.bound_param;
+  if (!same_layout(param, bound)) {
+    const std::optional<TensorInfo> info = chunks.tensor_info(managed.param_id);
+    throw std::runtime_error(fmt::format(
+        "spillway: the data of managed parameter '{}' was replaced (set_data, or `param.data = "
+        "...`) by a tensor of another shape, dtype, layout or device ({} {} -> {} {}); its chunk "
+        "holds the old layout. Unmanage the module, change the data, then manage it again",
+        info ? info->name : std::string("?"), c10::toString(bound.scalar_type()),
+        fmt::join(bound.sizes(), "x"), c10::toString(param.scalar_type()),
+        fmt::join(param.sizes(), "x")));
+  }
+  void* address = nullptr;
+  if (chunks.acquire(managed.param_id, Stream{}, &address, AccessMode::read_write,
+                     WaitMode::host) != Status::ok)
+    throw std::runtime_error("spillway: acquiring a parameter's chunk failed: " +
+                             ChunkManager::last_error());
+  {
+    at::NoGradGuard no_grad;
+    // Acquired above; and set_data's own op would reach the hook, which
+    // takes grad_mutex, held here.
+    OpHookSuppression suppress;
+    managed.bound_param.copy_(param.detach());
+    param.set_data(managed.bound_param);
+  }
+  chunks.release(managed.param_id, Stream{});
+}
+
+}  // namespace spillway::torch_bridge
