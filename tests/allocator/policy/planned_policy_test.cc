@@ -17,52 +17,12 @@
 #include "allocator/policy/lru_policy.h"
 #include "allocator/policy/planned_policy.h"
 #include "tests/allocator/chunk/chunk_test_support.h"
+#include "tests/allocator/policy/cache_model.h"
 
 namespace spillway::testing {
 namespace {
 
 ChunkId chunk(int id) { return static_cast<ChunkId>(id); }
-
-// A device that holds `capacity` chunks, driven by a policy the way the
-// chunk manager drives it: a missing chunk is fetched (evicting the policy's
-// victim when full), then accessed.
-class CacheModel final : public EvictionCandidates {
- public:
-  CacheModel(EvictionPolicy& policy, std::size_t capacity) : policy_(policy), capacity_(capacity) {}
-
-  bool evictable(ChunkId id) const override { return resident_.count(id) && id != in_use_; }
-
-  // Returns whether the access missed.
-  bool access(ChunkId id) {
-    const bool miss = resident_.count(id) == 0;
-    if (miss) {
-      in_use_ = id;
-      if (resident_.size() == capacity_) {
-        const std::optional<ChunkId> victim = policy_.choose_victim(*this);
-        EXPECT_TRUE(victim.has_value());
-        resident_.erase(*victim);
-        policy_.on_evicted(*victim);
-      }
-      resident_.insert(id);
-      policy_.on_resident(id);
-    }
-    policy_.on_access(id);
-    return miss;
-  }
-  int run_step(const std::vector<int>& accesses) {
-    int misses = 0;
-    for (int id : accesses) misses += access(chunk(id)) ? 1 : 0;
-    policy_.on_step_end();
-    return misses;
-  }
-  const std::set<ChunkId>& resident() const { return resident_; }
-
- private:
-  EvictionPolicy& policy_;
-  std::size_t capacity_;
-  std::set<ChunkId> resident_;
-  ChunkId in_use_{};
-};
 
 // The fewest misses any eviction choices give for `accesses` from `resident`.
 int optimal_misses(const std::vector<int>& accesses, std::size_t at, std::set<int> resident,

@@ -12,53 +12,11 @@
 #include "allocator/policy/lru_policy.h"
 #include "allocator/policy/planned_policy.h"
 #include "tests/allocator/chunk/chunk_test_support.h"
+#include "tests/allocator/policy/cache_model.h"
 #include "tests/support/recording_trace_sink.h"
 
 namespace spillway::testing {
 namespace {
-
-ChunkId chunk(int id) { return static_cast<ChunkId>(id); }
-
-// `capacity` slots, driven the way the chunk manager drives a policy, with no
-// step marks: a missing chunk evicts the policy's victim, then is accessed.
-class Slots final : public EvictionCandidates {
- public:
-  Slots(EvictionPolicy& policy, std::size_t capacity) : policy_(policy), capacity_(capacity) {}
-  bool evictable(ChunkId id) const override { return resident_.count(id) && id != in_use_; }
-
-  struct StepResult {
-    int misses = 0;
-    std::vector<std::size_t> step_ends;  // indices of accesses that began a found step
-  };
-  StepResult run(const std::vector<int>& accesses) {
-    StepResult result;
-    for (std::size_t i = 0; i < accesses.size(); ++i) {
-      const ChunkId id = chunk(accesses[i]);
-      if (!resident_.count(id)) {
-        ++result.misses;
-        in_use_ = id;
-        if (resident_.size() == capacity_) {
-          const std::optional<ChunkId> victim = policy_.choose_victim(*this);
-          EXPECT_TRUE(victim.has_value());
-          resident_.erase(*victim);
-          policy_.on_evicted(*victim);
-        }
-        resident_.insert(id);
-        policy_.on_resident(id);
-      }
-      const std::int64_t planned_steps = policy_.state().planned_steps;
-      policy_.on_access(id);
-      if (policy_.state().planned_steps != planned_steps) result.step_ends.push_back(i);
-    }
-    return result;
-  }
-
- private:
-  EvictionPolicy& policy_;
-  std::size_t capacity_;
-  std::set<ChunkId> resident_;
-  ChunkId in_use_{};
-};
 
 // Ten chunks, each read several times in a row, in a cycle: LRU misses on
 // every chunk in six slots, Belady on fewer.
@@ -71,9 +29,9 @@ std::vector<int> layered_step() {
 TEST(StepsFound, AnUnmarkedLoopIsFollowedOnceItsStepHasRunTwice) {
   const std::vector<int> step = layered_step();
   PlannedPolicy planned(1);
-  Slots slots(planned, 6);
+  CacheModel slots(planned, 6);
   LruPolicy lru;
-  Slots lru_slots(lru, 6);
+  CacheModel lru_slots(lru, 6);
   // Found at the last access of the second step (the history spans the
   // coverage window by then).
   ASSERT_GE(2 * step.size(), PeriodDetector::kCoverageWindow);
@@ -87,8 +45,8 @@ TEST(StepsFound, AnUnmarkedLoopIsFollowedOnceItsStepHasRunTwice) {
   EXPECT_EQ(planned.state().detected_period, static_cast<std::int64_t>(step.size()));
   // Each later step's first access ends the step before it.
   for (int s = 2; s < 8; ++s) {
-    const Slots::StepResult planned_step = slots.run(step);
-    const Slots::StepResult lru_step = lru_slots.run(step);
+    const CacheModel::Run planned_step = slots.run(step);
+    const CacheModel::Run lru_step = lru_slots.run(step);
     EXPECT_LT(planned_step.misses, lru_step.misses) << "step " << s;
     EXPECT_EQ(planned_step.step_ends, std::vector<std::size_t>{0}) << "step " << s;
   }
@@ -101,7 +59,7 @@ TEST(StepsFound, ADepartureIsADivergenceAndTheNewLoopIsFoundWithoutAStepEnd) {
   std::vector<int> other = step;  // another loop of the same length
   std::swap(other[20], other[45]);
   PlannedPolicy planned(1);
-  Slots slots(planned, 6);
+  CacheModel slots(planned, 6);
   for (int s = 0; s < 4; ++s) slots.run(step);
   ASSERT_STREQ(planned.state().phase, "following");
   for (int s = 0; s < 4; ++s) slots.run(other);
@@ -121,7 +79,7 @@ TEST(StepsFound, AMarkedProgramIsPlannedFromItsWholeFirstStepWhateverDetectionDi
   }
   for (int c = 0; c < 10; ++c) step.push_back(c);
   PlannedPolicy planned(1);
-  Slots slots(planned, 6);
+  CacheModel slots(planned, 6);
   slots.run(step);
   ASSERT_GE(planned.state().plans_built, 1) << "the inner loop was not taken: nothing to test";
   planned.on_step_end();
@@ -131,7 +89,7 @@ TEST(StepsFound, AMarkedProgramIsPlannedFromItsWholeFirstStepWhateverDetectionDi
   EXPECT_EQ(planned.state().divergences, 0);
   EXPECT_EQ(planned.state().detected_period, 0);
   for (int s = 0; s < 3; ++s) {
-    const Slots::StepResult result = slots.run(step);
+    const CacheModel::Run result = slots.run(step);
     EXPECT_TRUE(result.step_ends.empty()) << "a step end found although the program marks them";
     planned.on_step_end();
   }
