@@ -136,24 +136,32 @@ void unbind_storage(ChunkManager& chunks, c10::StorageImpl* storage) {
 void unmanage_params(const std::vector<torch::Tensor>& params) {
   if (binding_table().empty()) return;
   ChunkManager& chunks = torch_bridge::active_chunk_manager();
-  // By the parameter, not its storage: set_data may have given it another.
+  // By the parameter (set_data may have given it another storage), or else
+  // by its storage (a tensor that shares it, such as param.data).
   std::unordered_map<const c10::TensorImpl*, std::shared_ptr<ManagedParam>> by_param;
   for (const auto& managed : binding_table().managed_params())
     by_param.emplace(managed->param.unsafeGetTensorImpl(), managed);
   std::unordered_set<std::uint32_t> touched_clients;
   for (const torch::Tensor& param : params) {
     if (!param.defined()) continue;
-    const auto found = by_param.find(param.unsafeGetTensorImpl());
-    if (found == by_param.end()) continue;
-    ManagedParam& managed = *found->second;
+    std::shared_ptr<ManagedParam> found;
+    if (const auto it = by_param.find(param.unsafeGetTensorImpl()); it != by_param.end()) {
+      found = it->second;
+    } else if (param.has_storage()) {
+      if (std::optional<Binding> binding =
+              binding_table().find(param.storage().unsafeGetStorageImpl()))
+        found = binding->managed;
+    }
+    if (found == nullptr) continue;
+    ManagedParam& managed = *found;
     torch_bridge::stop_rebinding_after_accumulation(managed);
     torch_bridge::rebind_grad_if_replaced(chunks, managed);
     // Note [set_data on a managed parameter]: data of the old layout goes
     // back into the chunk first, and out with it; data of another layout is
     // the parameter's own already, and the chunk's copy is dropped.
     c10::StorageImpl* storage = managed.bound_param.storage().unsafeGetStorageImpl();
-    if (param.storage().unsafeGetStorageImpl() != storage &&
-        torch_bridge::same_layout(param, managed.bound_param))
+    if (managed.param.storage().unsafeGetStorageImpl() != storage &&
+        torch_bridge::same_layout(managed.param, managed.bound_param))
       torch_bridge::rebind_param_if_replaced(chunks, managed);
     unbind_storage(chunks, storage);
     if (managed.bound_grad_storage != nullptr) unbind_storage(chunks, managed.bound_grad_storage);

@@ -476,6 +476,25 @@ TEST(TorchBridgeTraining, NewDataOfAnotherShapeIsAnErrorAtTheStepBoundary) {
   EXPECT_TRUE(torch::equal(first, torch::zeros({3, 3})));
 }
 
+TEST(TorchBridgeTraining, UnmanageByTensorsThatShareTheStoragesAsBefore) {
+  Training run(adam_setup(), /*managed=*/true);
+  run.run_step(0);
+  std::vector<torch::Tensor> values;
+  std::vector<torch::Tensor> aliases;  // other tensors over the parameters' storages
+  for (const torch::Tensor& param : run.module().parameters()) {
+    values.push_back(param.detach().clone());
+    aliases.push_back(param.detach());
+  }
+  spillway::Runtime::process().active_allocator()->set_budget_bytes(std::size_t{256} << 20);
+  spillway::unmanage(aliases);
+  std::size_t index = 0;
+  for (const torch::Tensor& param : run.module().parameters()) {
+    EXPECT_FALSE(spillway::is_managed(param)) << "parameter " << index;
+    EXPECT_TRUE(torch::equal(param, values[index])) << "parameter " << index;
+    ++index;
+  }
+}
+
 TEST(TorchBridgeTraining, TinyTransformerWithAdamIsBitIdentical) {
   TrainingSetup setup = adam_setup();
   setup.make_model = make_tiny_transformer;
