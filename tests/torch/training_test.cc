@@ -454,7 +454,8 @@ TEST(TorchBridgeTraining, NewDataOfTheSameLayoutGoesBackIntoTheChunk) {
 }
 
 TEST(TorchBridgeTraining, NewDataOfAnotherShapeIsAnErrorAtTheStepBoundary) {
-  Training run(adam_setup(), /*managed=*/true);
+  const TrainingSetup setup = adam_setup();  // Training keeps a reference
+  Training run(setup, /*managed=*/true);
   run.run_step(0);
   torch::Tensor first = run.module().parameters().front();
   first.set_data(torch::zeros({3, 3}));
@@ -477,7 +478,8 @@ TEST(TorchBridgeTraining, NewDataOfAnotherShapeIsAnErrorAtTheStepBoundary) {
 }
 
 TEST(TorchBridgeTraining, UnmanageByTensorsThatShareTheStoragesAsBefore) {
-  Training run(adam_setup(), /*managed=*/true);
+  const TrainingSetup setup = adam_setup();  // Training keeps a reference
+  Training run(setup, /*managed=*/true);
   run.run_step(0);
   std::vector<torch::Tensor> values;
   std::vector<torch::Tensor> aliases;  // other tensors over the parameters' storages
