@@ -913,6 +913,12 @@ Status CachingAllocator::Impl::deallocate(void* ptr, std::optional<Stream> users
         } else if (fence.handle != nullptr) {
           fences.give_back(fence);
         }
+      } else if (users && *users != block->stream) {
+        // Any other block (a chunk larger than chunk_size, in an expandable
+        // segment) is a use on `users` like record_stream's: it stays out of
+        // the pool, and its pages mapped, until the work queued there is done.
+        std::vector<Stream>& uses = block->used_on_streams;
+        if (std::find(uses.begin(), uses.end(), *users) == uses.end()) uses.push_back(*users);
       }
       release_allocated_locked(block);
       // Note [Segments past the budget]: the overrun ends here.

@@ -21,6 +21,8 @@ namespace spillway {
 enum class DeviceChoice { auto_select, cuda, sim };
 enum class EvictionPolicyKind { planned, lru, static_residency };
 enum class LogLevel { error = 0, warn = 1, info = 2, debug = 3 };
+// Who puts a Python script's models into chunks (docs/python.md, "manage:auto").
+enum class ManageMode { automatic, explicit_calls };
 
 // A byte count given either absolutely or as a fraction of some total
 // (device memory for device_budget, physical RAM for host_budget).
@@ -41,7 +43,8 @@ struct Config {
   EvictionPolicyKind policy = EvictionPolicyKind::planned;
   int warmup_steps = 1;
   bool prefetch = true;
-  std::string trace;  // empty: write no trace file
+  ManageMode manage = ManageMode::automatic;  // acted on by the Python start-up hook only
+  std::string trace;                          // empty: write no trace file
   CuptiMode cupti = CuptiMode::auto_select;
   bool strict_residency = false;
   std::size_t sim_capacity = 4'000'000'000;
@@ -97,5 +100,6 @@ std::string_view to_string(DeviceChoice);
 std::string_view to_string(EvictionPolicyKind);
 std::string_view to_string(CuptiMode);
 std::string_view to_string(LogLevel);
+std::string_view to_string(ManageMode);
 
 }  // namespace spillway

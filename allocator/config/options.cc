@@ -102,6 +102,10 @@ constexpr std::array<std::pair<std::string_view, CuptiMode>, 3> kCuptiNames{{
     {"on", CuptiMode::on},
     {"off", CuptiMode::off},
 }};
+constexpr std::array<std::pair<std::string_view, ManageMode>, 2> kManageNames{{
+    {"auto", ManageMode::automatic},
+    {"explicit", ManageMode::explicit_calls},
+}};
 constexpr std::array<std::pair<std::string_view, LogLevel>, 4> kLogNames{{
     {"error", LogLevel::error},
     {"warn", LogLevel::warn},
@@ -148,7 +152,7 @@ constexpr int kMaxWarmupSteps = 1000;
 #define SPILLWAY_BOOL_FORM "a boolean (true, false, 1, 0, on, off, yes, no)"
 
 // The table. Rows are in documentation order; docs/configuration.md mirrors it.
-const std::array<OptionRow, 14> kOptionRows{{
+const std::array<OptionRow, 15> kOptionRows{{
     {{"device", "auto", "auto, cuda or sim",
       "device backend; auto picks cuda when a GPU is usable, else sim with a warning"},
      [](std::string_view value, Config& config) {
@@ -227,6 +231,16 @@ const std::array<OptionRow, 14> kOptionRows{{
        return enabled.has_value();
      },
      [](const Config& config) { return std::string(format_bool(config.prefetch)); }},
+
+    {{"manage", "auto", "auto or explicit",
+      "auto: a Python script started with SPILLWAY_CONF has its models put into chunks "
+      "without calling spillway.manage"},
+     [](std::string_view value, Config& config) {
+       auto mode = parse_enum(value, kManageNames);
+       if (mode) config.manage = *mode;
+       return mode.has_value();
+     },
+     [](const Config& config) { return std::string(to_string(config.manage)); }},
 
     {{"trace", "", "a file path without ',' (empty: no trace)", "path of the trace file to write"},
      [](std::string_view value, Config& config) {
@@ -394,5 +408,8 @@ std::string_view to_string(EvictionPolicyKind policy) {
 }
 std::string_view to_string(CuptiMode mode) { return detail::enum_name(mode, detail::kCuptiNames); }
 std::string_view to_string(LogLevel level) { return detail::enum_name(level, detail::kLogNames); }
+std::string_view to_string(ManageMode mode) {
+  return detail::enum_name(mode, detail::kManageNames);
+}
 
 }  // namespace spillway

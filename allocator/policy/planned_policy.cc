@@ -27,6 +27,9 @@ void PlannedPolicy::record_or_follow(Access access) {
   }
   switch (phase_) {
     case Phase::tracing:
+      // Note [Steps of several kinds]: a step that begins as a shelved plan
+      // does is followed by it.
+      if (recording_.empty() && switch_plan({}, access)) break;
       if (recording_overflowed_) break;
       if (recording_.size() == kMaxTracedAccesses) {
         recording_overflowed_ = true;
@@ -36,17 +39,82 @@ void PlannedPolicy::record_or_follow(Access access) {
       recording_.push_back(access);
       break;
     case Phase::following:
-      if (position_ < sequence_.size() && sequence_[position_].chunk == access.chunk) {
-        ref_traced_ns_ = sequence_[position_].time_ns;
-        ref_real_ns_ = now_ns_;
-        ++position_;
-      } else {
-        diverge();
-      }
+      follow(access);
       break;
     case Phase::diverged:
       break;
   }
+}
+
+// Note [Steps of several kinds]: the access the plan expects next, the next
+// of a shelved plan that began as this step did, or another kind of step.
+void PlannedPolicy::follow(const Access& access) {
+  if (position_ < sequence_.size() && sequence_[position_].chunk == access.chunk) {
+    ref_traced_ns_ = sequence_[position_].time_ns;
+    ref_real_ns_ = now_ns_;
+    ++position_;
+    return;
+  }
+  const std::vector<Access> prefix(sequence_.begin(),
+                                   sequence_.begin() + static_cast<std::ptrdiff_t>(position_));
+  if (switch_plan(prefix, access)) return;
+  if (position_ > 0) ++state_.divergences;  // a step that begins elsewhere departs from nothing
+  trace_from_here(access);
+}
+
+void PlannedPolicy::trace_from_here(std::optional<Access> access) {
+  // The step so far is the plan's first position_ accesses, on the step's clock.
+  const std::uint64_t start_ns = ref_real_ns_ - std::min(ref_real_ns_, ref_traced_ns_);
+  std::vector<Access> recording(sequence_.begin(),
+                                sequence_.begin() + static_cast<std::ptrdiff_t>(position_));
+  for (Access& traced : recording) traced.time_ns += start_ns;
+  std::vector<Spill> spills = std::move(step_spills_);
+  step_spills_.clear();
+  if (access) recording.push_back(*access);
+  shelve_plan();
+  position_ = 0;
+  phase_ = Phase::tracing;
+  traced_steps_ = warmup_steps_ - 1;
+  recording_ = std::move(recording);
+  recorded_spills_ = std::move(spills);
+  recording_overflowed_ = false;
+}
+
+// Note [Steps of several kinds].
+void PlannedPolicy::shelve_plan() {
+  if (sequence_.empty()) return;
+  shelved_accesses_ += sequence_.size();
+  shelved_.push_back({std::move(sequence_), std::move(spills_), step_ns_});
+  while (shelved_.size() > kMaxShelvedPlans || shelved_accesses_ > kMaxTracedAccesses) {
+    shelved_accesses_ -= shelved_.front().sequence.size();
+    shelved_.erase(shelved_.begin());
+  }
+  sequence_.clear();
+  spills_.clear();
+  uses_.clear();
+  step_ns_ = 0;
+}
+
+bool PlannedPolicy::switch_plan(const std::vector<Access>& prefix, std::optional<Access> next) {
+  const std::size_t length = prefix.size() + (next ? 1 : 0);
+  const auto begins_so = [&](const ShelvedPlan& plan) {
+    if (next ? plan.sequence.size() < length : plan.sequence.size() != length) return false;
+    if (next && plan.sequence[prefix.size()].chunk != next->chunk) return false;
+    return std::equal(prefix.begin(), prefix.end(), plan.sequence.begin(),
+                      [](const Access& a, const Access& b) { return a.chunk == b.chunk; });
+  };
+  const auto found = std::ranges::find_if(shelved_, begins_so);
+  if (found == shelved_.end()) return false;
+  ShelvedPlan plan = std::move(*found);
+  shelved_.erase(found);
+  shelved_accesses_ -= plan.sequence.size();
+  shelve_plan();
+  const std::int64_t built = state_.plans_built;
+  install_plan(std::move(plan.sequence), std::move(plan.spills), plan.step_ns);
+  state_.plans_built = built;  // not a new plan
+  position_ = length;
+  ref_traced_ns_ = length == 0 ? 0 : sequence_[length - 1].time_ns;
+  return true;
 }
 
 // Note [Steps found in the access stream].
@@ -109,6 +177,8 @@ void PlannedPolicy::start_marked_steps() {
   detector_ = PeriodDetector();  // its memory too
   // Whatever detection planned was provisional: plans and counts start from
   // the program's marks.
+  shelved_.clear();
+  shelved_accesses_ = 0;
   if (phase_ != Phase::tracing) {
     sequence_.clear();
     uses_.clear();
@@ -127,14 +197,19 @@ void PlannedPolicy::on_resident(ChunkId chunk) { lru_.on_resident(chunk); }
 
 void PlannedPolicy::on_spill(std::size_t chunks) {
   if (chunks == 0) return;
+  const auto add = [&](std::vector<Spill>& spills, std::size_t position) {
+    if (!spills.empty() && spills.back().position == position) {
+      spills.back().chunks += chunks;
+    } else {
+      spills.push_back({position, chunks});
+    }
+  };
+  // While following, the step's own, in case it departs (Note [Steps of
+  // several kinds]).
+  if (steps_marked_ && phase_ == Phase::following) add(step_spills_, position_);
   // Before the first mark every phase records (Note [Steps found in the access stream]).
   if (steps_marked_ && (phase_ != Phase::tracing || recording_overflowed_)) return;
-  const std::size_t position = recording_.size();
-  if (!recorded_spills_.empty() && recorded_spills_.back().position == position) {
-    recorded_spills_.back().chunks += chunks;
-  } else {
-    recorded_spills_.push_back({position, chunks});
-  }
+  add(recorded_spills_, recording_.size());
 }
 
 // Note [Write-backs ahead of spills].
@@ -272,6 +347,8 @@ std::optional<PlannedPolicy::Victim> PlannedPolicy::farthest_next_use(
 
 void PlannedPolicy::on_step_end() {
   if (!steps_marked_) start_marked_steps();
+  std::vector<Spill> step_spills = std::move(step_spills_);
+  step_spills_.clear();
   switch (phase_) {
     case Phase::tracing:
       ++traced_steps_;
@@ -284,15 +361,25 @@ void PlannedPolicy::on_step_end() {
       recording_overflowed_ = false;
       break;
     case Phase::following:
-      if (position_ == sequence_.size()) {
-        ++state_.planned_steps;
-        position_ = 0;
-        ref_traced_ns_ = 0;  // the step's end is the next one's start
-        ref_real_ns_ = now_ns_;
-        break;
+      if (position_ == 0) break;  // a step without accesses
+      if (position_ < sequence_.size()) {
+        // Ended early (Note [Steps of several kinds]): another kind of step,
+        // whose trace is what it did of the plan.
+        const std::vector<Access> prefix(
+            sequence_.begin(), sequence_.begin() + static_cast<std::ptrdiff_t>(position_));
+        if (!switch_plan(prefix, std::nullopt)) {
+          ++state_.divergences;
+          step_spills_ = std::move(step_spills);
+          trace_from_here(std::nullopt);
+          build_plan();
+          break;
+        }
       }
-      diverge();  // the step ended early or late
-      [[fallthrough]];
+      ++state_.planned_steps;
+      position_ = 0;
+      ref_traced_ns_ = 0;  // the step's end is the next one's start
+      ref_real_ns_ = now_ns_;
+      break;
     case Phase::diverged:
       // The next step is traced again, and planned from.
       phase_ = Phase::tracing;

@@ -14,8 +14,10 @@
 //    repetition (Belady). A chunk the step never uses goes first; ties go to
 //    the least recently used.
 //  - Divergence: an access other than the expected one (control flow
-//    changed), or a step that ends early or late, drops the plan. The rest
-//    of the step is LRU's, and the next step is traced again.
+//    changed), or a step that ends early or late, is another kind of step
+//    (Note [Steps of several kinds]): followed by a kept plan that began the
+//    same way, or else traced from its start (what it did of the plan), its
+//    rest under LRU, and planned from at its end.
 //  - Bounded memory: a step longer than kMaxTracedAccesses accesses is not
 //    planned (it stays LRU's); the recording stops growing there.
 //
@@ -50,6 +52,25 @@
 //    and the stream since the start is the first traced step, exactly as if
 //    detection had never run (unless the history was cut at
 //    kMaxDetectionHistory: then the next step is traced).
+//
+// Note [Steps of several kinds]
+// A program may repeat more than one kind of step: an actor's and a critic's
+// optimizer steps in turns (RLHF), a training step and an evaluation pass.
+// Each ends at a mark, and each differs from the other from its first
+// access. So a marked step whose first access is not the plan's first is not
+// a departure: the plan is shelved (the latest kMaxShelvedPlans are kept,
+// with at most kMaxTracedAccesses accesses among them), and the step is
+// followed by the shelved plan that begins with that access or, if none
+// does, traced from that access and planned from at its end. The same holds
+// at any access: a step that departs from the plan after k accesses (the
+// actor's step, which first runs the critic's forward as the critic's step
+// does) is followed by a shelved plan whose first k accesses are the same
+// and whose next is this one; if none is, the k accesses and this one begin
+// the step's trace (divergences counts it), and the plan is shelved. A step
+// that ends early is a plan of its own at once. Switching builds no plan
+// (plans_built), and a switched-to step counts as planned. Belady's look
+// past the step's end still assumes the same kind of step comes next. A step
+// whose accesses vary without repeating keeps tracing, under LRU.
 //
 // Note [Planned prefetch]
 // While following, the policy names the first chunk of the coming accesses
@@ -114,6 +135,8 @@ class PlannedPolicy final : public EvictionPolicy {
   // Note [Steps found in the access stream]: the accesses kept to find the
   // step in (the oldest half goes when full), so the longest step found.
   static constexpr std::size_t kMaxDetectionHistory = 1 << 19;
+  // Note [Steps of several kinds]: the plans kept for other kinds of step.
+  static constexpr std::size_t kMaxShelvedPlans = 4;
 
   // `warmup_steps` below 1 counts as 1: a plan needs a traced step.
   explicit PlannedPolicy(int warmup_steps);
@@ -160,6 +183,8 @@ class PlannedPolicy final : public EvictionPolicy {
   };
 
   void record_or_follow(Access access);
+  // The access the plan expects next, or a divergence.
+  void follow(const Access& access);
   // Note [Steps found in the access stream]: an access before the first mark.
   void follow_unmarked(const Access& access);
   void remember_unmarked(const Access& access);
@@ -175,6 +200,17 @@ class PlannedPolicy final : public EvictionPolicy {
   // The plan of `sequence` (times from its first access), followed from now.
   void install_plan(std::vector<Access> sequence, std::vector<Spill> spills, std::uint64_t step_ns);
   void diverge();
+  // Note [Steps of several kinds]: puts the plan aside (nothing to follow
+  // until another is installed), or takes up the shelved plan that begins
+  // with `first`; false when there is none.
+  void shelve_plan();
+  // Takes up the shelved plan whose first accesses are `prefix` and then
+  // `next` (without `next`: exactly `prefix`), positioned after them; false
+  // when none is.
+  bool switch_plan(const std::vector<Access>& prefix, std::optional<Access> next);
+  // The step so far (the plan's accesses up to position_), then `access`,
+  // become the recording of a traced step; the plan is shelved.
+  void trace_from_here(std::optional<Access> access);
   // Accesses from the current position to the chunk's next use; max() when
   // the step never uses it.
   std::size_t distance_to_next_use(ChunkId chunk) const;
@@ -204,6 +240,15 @@ class PlannedPolicy final : public EvictionPolicy {
   std::unordered_map<ChunkId, std::vector<std::size_t>> uses_;  // positions in sequence_
   std::vector<Spill> spills_;  // the planned step's (Note [Write-backs ahead of spills])
   std::size_t position_ = 0;   // index of the next expected access
+  // Note [Steps of several kinds]: plans of other kinds of step, oldest first.
+  struct ShelvedPlan {
+    std::vector<Access> sequence;
+    std::vector<Spill> spills;
+    std::uint64_t step_ns;
+  };
+  std::vector<ShelvedPlan> shelved_;
+  std::size_t shelved_accesses_ = 0;
+  std::vector<Spill> step_spills_;  // while following: this step's, for a departure's trace
   PolicyState state_;
   // Note [Steps found in the access stream]. Before the first mark,
   // recording_ and recorded_spills_ hold the stream since the start (or its

@@ -35,8 +35,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <map>
-#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -77,13 +75,6 @@ cpu::DType kernel_dtype(at::ScalarType type, const char* what) {
                                   std::string(c10::toString(type)) +
                                   " is not supported (float, bfloat16 or half)");
   }
-}
-
-std::string client_name_for(const std::string& kind) {
-  static std::mutex mutex;
-  static std::map<std::string, int> next;
-  std::lock_guard lock(mutex);
-  return kind + "#" + std::to_string(next[kind]++);
 }
 
 // One parameter's chunk-resident tensors and its progress.
@@ -273,7 +264,7 @@ ChunkedOptimizer::ChunkedOptimizer(std::vector<torch::optim::OptimizerParamGroup
                                    std::string kind)
     : torch::optim::Optimizer(std::move(groups), std::move(defaults)),
       impl_(std::make_unique<Impl>()) {
-  impl_->name = client_name_for(kind);
+  impl_->name = torch_bridge::unique_client_name(kind);
 }
 
 ChunkedOptimizer::~ChunkedOptimizer() {

@@ -25,6 +25,13 @@ ClientNames& client_names() {
 
 }  // namespace
 
+std::string unique_client_name(const std::string& kind) {
+  static std::mutex mutex;
+  static std::map<std::string, int> next;
+  std::lock_guard lock(mutex);
+  return kind + "#" + std::to_string(next[kind]++);
+}
+
 void name_client(ClientId client, std::string name) {
   ClientNames& registry = client_names();
   std::lock_guard lock(registry.mutex);

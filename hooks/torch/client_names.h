@@ -9,6 +9,10 @@
 
 namespace spillway::torch_bridge {
 
+// `kind` with the next free "#n" appended ("adam#0", "GPT#1"): the name of a
+// client the bridge is about to add, unique in the process.
+std::string unique_client_name(const std::string& kind);
+
 // Remembers the name the bridge gave a client it added.
 void name_client(ClientId client, std::string name);
 

@@ -62,23 +62,33 @@ void move_into_chunk(ChunkManager& chunks, TensorId id, c10::StorageImpl& storag
   chunks.release(id, Stream{});
 }
 
-void manage_params(const std::vector<std::pair<std::string, torch::Tensor>>& named) {
+// `kind` names the client ("torch" unless the caller says, as the Python
+// package does with a module's class).
+void manage_params(const std::vector<std::pair<std::string, torch::Tensor>>& named,
+                   const std::string& kind) {
   ChunkManager& chunks = torch_bridge::active_chunk_manager();
   torch_bridge::BindingTable& table = binding_table();
-  static std::atomic<int> next_client{0};
-  const std::string client_name = "torch" + std::to_string(next_client++);
+
+  // What is new: tied weights share a storage, and what is managed stays
+  // where it is. Nothing new adds no client.
+  std::unordered_set<const c10::StorageImpl*> seen;
+  std::vector<std::pair<std::string, torch::Tensor>> fresh;
+  for (const auto& [name, param] : named) {
+    if (!param.defined() || !param.has_storage() || param.storage().nbytes() == 0) continue;
+    const c10::StorageImpl* storage = param.storage().unsafeGetStorageImpl();
+    if (table.contains(storage) || !seen.insert(storage).second) continue;
+    fresh.emplace_back(name, param);
+  }
+  if (fresh.empty()) return;
+  const std::string client_name = torch_bridge::unique_client_name(kind);
   const ClientId client = chunks.add_client(client_name);
   torch_bridge::name_client(client, client_name);
 
   // Note [Register first, then write]
   // A chunk is sealed once accessed, so every tensor is registered before any
   // is written; otherwise each parameter would open a chunk of its own.
-  std::unordered_set<const c10::StorageImpl*> seen;  // tied weights share a storage
   std::vector<std::pair<std::string, std::shared_ptr<ManagedParam>>> placed;
-  for (const auto& [name, param] : named) {
-    if (!param.defined() || !param.has_storage() || param.storage().nbytes() == 0) continue;
-    const c10::StorageImpl* storage = param.storage().unsafeGetStorageImpl();
-    if (table.contains(storage) || !seen.insert(storage).second) continue;
+  for (const auto& [name, param] : fresh) {
     auto managed = std::make_shared<ManagedParam>();
     managed->client = client;
     managed->param = param;
@@ -194,13 +204,16 @@ void manage(torch::nn::Module& module) {
     named.emplace_back(item.key(), item.value());
   for (const auto& item : module.named_buffers(/*recurse=*/true))
     named.emplace_back(item.key(), item.value());
-  manage_params(named);
+  manage_params(named, "torch");
 }
 
-void manage(std::vector<torch::Tensor> params) { manage_params(unnamed(std::move(params))); }
+void manage(std::vector<torch::Tensor> params) {
+  manage_params(unnamed(std::move(params)), "torch");
+}
 
-void manage(std::vector<std::pair<std::string, torch::Tensor>> named_params) {
-  manage_params(named_params);
+void manage(std::vector<std::pair<std::string, torch::Tensor>> named_params,
+            const std::string& client_name) {
+  manage_params(named_params, client_name);
 }
 
 void unmanage(torch::nn::Module& module) {

@@ -54,8 +54,11 @@ void use_as_torch_cuda_allocator();
 void manage(torch::nn::Module& module);
 void manage(std::vector<torch::Tensor> params);
 // As above, with the names the statistics, trace and errors show
-// (module.named_parameters(), say; the Python package passes them).
-void manage(std::vector<std::pair<std::string, torch::Tensor>> named_params);
+// (module.named_parameters(), say; the Python package passes them), in a
+// client named `client_name` with "#n" appended ("torch#0" by default; the
+// Python package passes a module's class). Nothing new to manage adds no client.
+void manage(std::vector<std::pair<std::string, torch::Tensor>> named_params,
+            const std::string& client_name = "torch");
 
 // Moves the parameters (and their bound gradients), and a module's buffers,
 // back into ordinary storage and forgets them; a client whose tensors are all unmanaged is

@@ -76,12 +76,22 @@ void bind_runtime(py::module_& module) {
   module.def("checked_device", &checked_device, py::arg("conf"),
              "The device a configuration asks for; ValueError naming the key when it is bad.");
   module.def(
-      "manage",
-      [](std::vector<std::pair<std::string, at::Tensor>> named) {
-        py::gil_scoped_release release;
-        spillway::manage(std::move(named));
+      "checked_option",
+      [](const std::string& conf, const std::string& key) {
+        const ConfigResult parsed = parse_config(conf);
+        if (!parsed.ok()) throw std::invalid_argument(parsed.error->message);
+        return format_option_value(*parsed.config, key);
       },
-      py::arg("named_params"));
+      py::arg("conf"), py::arg("key"),
+      "One option's value as a configuration sets it (SPILLWAY_CONF syntax; its default when "
+      "the text leaves it out); ValueError naming the key when the text is bad.");
+  module.def(
+      "manage",
+      [](std::vector<std::pair<std::string, at::Tensor>> named, const std::string& client) {
+        py::gil_scoped_release release;
+        spillway::manage(std::move(named), client);
+      },
+      py::arg("named_params"), py::arg("client") = "torch");
   module.def(
       "unmanage",
       [](std::vector<at::Tensor> params) {
@@ -89,6 +99,13 @@ void bind_runtime(py::module_& module) {
         spillway::unmanage(std::move(params));
       },
       py::arg("params"));
+  module.def(
+      "_reset_peak_stats",
+      [] {
+        if (CachingAllocator* allocator = Runtime::process().active_allocator())
+          allocator->reset_peak_stats();
+      },
+      "Every peak figure of memory_stats() starts again from its current value.");
   module.def("_is_managed", &spillway::is_managed, py::arg("tensor"),
              "Whether the tensor's storage lives in a chunk.");
   module.def("use_as_torch_cuda_allocator", &spillway::use_as_torch_cuda_allocator,

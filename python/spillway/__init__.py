@@ -20,11 +20,13 @@ syntax and keys: docs/configuration.md. The Python API: docs/python.md.
 import json
 import os
 import warnings
+import weakref
 
 import torch  # first: the extension links against torch's libraries
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import _C
+from . import _auto
 from . import _checkpoint
 from . import optim
 from ._engine import Engine, initialize
@@ -118,14 +120,47 @@ def manage(module_or_params):
 
     Takes a torch.nn.Module (its parameters and buffers), or an iterable of
     tensors or (name, tensor) pairs.
-    Each call makes one chunk-manager client (a model); parameters already
+    Each call makes one chunk-manager client (a model), named after the
+    module's class ("GPT#0"; "torch#0" for tensors); parameters already
     managed are skipped. Activates spillway if needed. A module's
     state_dict() then holds true values whatever is evicted (Note
     [Checkpoints of managed modules] in _checkpoint.py).
     """
-    _C.manage(_named_parameters(module_or_params))
+    client = (type(module_or_params).__name__
+              if isinstance(module_or_params, torch.nn.Module) else "torch")
+    _manage_as(module_or_params, client)
+
+
+def _manage_as(module_or_params, client):
+    named = _named_parameters(module_or_params)
+    _C.manage(named, client)
     if isinstance(module_or_params, torch.nn.Module):
         _checkpoint.hook(module_or_params)
+        _release_when_dropped(module_or_params, [tensor for _, tensor in named])
+
+
+# Note [A dropped module gives its chunks back]
+# The bridge holds each managed parameter, so a module dropped without
+# unmanage would keep its chunks for the life of the process. A finalizer on
+# the module unmanages what it held when the module is collected: what
+# nothing else holds is then freed, and what something still holds (an
+# optimizer's parameters) keeps its values in ordinary memory. Not at exit:
+# the process's memory goes anyway.
+_FINALIZERS = {}  # id(module) -> weakref.finalize
+
+
+def _release_when_dropped(module, tensors):
+    key = id(module)
+    if key in _FINALIZERS and _FINALIZERS[key].alive:
+        tensors = _FINALIZERS[key].detach()[2][1] + tensors
+    finalizer = weakref.finalize(module, _release, key, tensors)
+    finalizer.atexit = False
+    _FINALIZERS[key] = finalizer
+
+
+def _release(key, tensors):
+    _FINALIZERS.pop(key, None)
+    _C.unmanage(tensors)
 
 
 def unmanage(module_or_params):
@@ -134,6 +169,9 @@ def unmanage(module_or_params):
     _C.unmanage([param for _, param in _named_parameters(module_or_params)])
     if isinstance(module_or_params, torch.nn.Module):
         _checkpoint.unhook(module_or_params)
+        finalizer = _FINALIZERS.pop(id(module_or_params), None)
+        if finalizer is not None:
+            finalizer.detach()
 
 
 def memory_stats():
@@ -180,3 +218,5 @@ def _activate_at_start(conf):
     # Now, not at the first allocation: errors surface at start, and the op
     # hooks mark an unchanged script's optimizer steps.
     _C.activate()
+    if _C.checked_option(conf, "manage") == "auto":
+        _auto.install(_manage_as)  # Note [Adopting models without being told]

@@ -435,15 +435,15 @@ TEST(TorchBridgeTraining, BatchNormRunningStatisticsAreManagedAndStayBitIdentica
   std::int64_t bytes = 0;
   for (const torch::Tensor& param : model.module->parameters()) bytes += 2 * param.nbytes();
   for (const torch::Tensor& buffer : model.module->buffers()) bytes += buffer.nbytes();
-  // The managed run's client: the newest "torch<N>" (earlier tests of this
+  // The managed run's client: the newest "torch#<N>" (earlier tests of this
   // process may have made others).
   const nlohmann::json clients = nlohmann::json::parse(spillway::memory_stats_json()).at("clients");
   int newest = -1;
   for (const auto& [name, figures] : clients.items()) {
-    if (name.rfind("torch", 0) == 0) newest = std::max(newest, std::stoi(name.substr(5)));
+    if (name.rfind("torch#", 0) == 0) newest = std::max(newest, std::stoi(name.substr(6)));
   }
   ASSERT_GE(newest, 0) << clients.dump();
-  const nlohmann::json& client = clients.at("torch" + std::to_string(newest));
+  const nlohmann::json& client = clients.at("torch#" + std::to_string(newest));
   EXPECT_EQ(client.at("chunk_bytes.tensors").get<std::int64_t>(), bytes) << client.dump();
 }
 

@@ -89,6 +89,24 @@ TEST_F(FencedSlabs, AFencedSlabDoesNotGoBackBeforeItsFence) {
   EXPECT_FALSE(device_.is_mapped(chunk, kSlab));  // once the fence passed
 }
 
+// A chunk larger than chunk_size is no slab but a block of an expandable
+// segment: freed after its users, it is neither handed out again nor unmapped
+// while they may still read it (the write-back of an evicted chunk, say).
+TEST_F(FencedSlabs, ABlockFreedAfterItsUsersWaitsForThemToo) {
+  void* block = allocate_ok(allocator_, 2 * kSlab, a_);
+  gate_.hold(device_, b_);  // its last user, still running
+  ASSERT_EQ(allocator_.deallocate_after(block, b_), Status::ok);
+  void* next = allocate_ok(allocator_, 2 * kSlab, a_);
+  EXPECT_NE(next, block);  // not handed out while b may read it
+  bool still_mapped = false;
+  const bool finished = finishes_while_held(gate_, [&] {
+    allocator_.empty_cache();
+    still_mapped = device_.is_mapped(block, 2 * kSlab);
+  });
+  EXPECT_TRUE(!finished || still_mapped);  // not unmapped while b may read it
+  ASSERT_EQ(allocator_.deallocate(next), Status::ok);
+}
+
 TEST_F(FencedSlabs, AnIdleSlabGoesBackWithoutAnyWait) {
   void* chunk = allocate_ok(allocator_, kSlab, a_);
   gate_.hold(device_, a_);  // even its own stream is busy

@@ -249,6 +249,7 @@ class ConfigFuzz : public ::testing::Test {
     config.policy = static_cast<EvictionPolicyKind>(below(3));
     config.warmup_steps = static_cast<int>(below(1001));
     config.prefetch = chance(0.5);
+    config.manage = static_cast<ManageMode>(below(2));
     config.expandable_segments = chance(0.5);
     // Any path the item syntax can carry: no ',', no whitespace at either end.
     static const std::string kPathChars = "abc/._-: XYZ09\\";

@@ -69,15 +69,17 @@ TEST(ConfigParse, DefaultsMatchTheDesign) {
   EXPECT_EQ(config.sim_capacity, 4'000'000'000u);
   EXPECT_EQ(config.sim_bandwidth, 0.0);
   EXPECT_EQ(config.log, LogLevel::warn);
+  EXPECT_EQ(config.manage, ManageMode::automatic);
 }
 
 TEST(ConfigTable, KeysAreTheDesignedOnesInOrder) {
   std::vector<std::string> names;
   for (const OptionInfo& info : option_table()) names.emplace_back(info.name);
-  EXPECT_THAT(names, ::testing::ElementsAre("device", "device_budget", "host_budget", "chunk_size",
-                                            "expandable_segments", "policy", "warmup_steps",
-                                            "prefetch", "trace", "cupti", "strict_residency",
-                                            "sim_capacity", "sim_bandwidth", "log"));
+  EXPECT_THAT(names,
+              ::testing::ElementsAre("device", "device_budget", "host_budget", "chunk_size",
+                                     "expandable_segments", "policy", "warmup_steps", "prefetch",
+                                     "manage", "trace", "cupti", "strict_residency", "sim_capacity",
+                                     "sim_bandwidth", "log"));
 }
 
 TEST(ConfigTable, EveryRowIsDocumented) {
@@ -189,6 +191,10 @@ INSTANTIATE_TEST_SUITE_P(
         KeyCase{"sim_bandwidth:25GB", [](const Config& c) { return c.sim_bandwidth == 25e9; }},
         KeyCase{"sim_bandwidth:1.5 GiB/S",
                 [](const Config& c) { return c.sim_bandwidth == 1.5 * (1u << 30); }},
+        KeyCase{"manage:explicit",
+                [](const Config& c) { return c.manage == ManageMode::explicit_calls; }},
+        KeyCase{"manage:Explicit",
+                [](const Config& c) { return c.manage == ManageMode::explicit_calls; }},
         KeyCase{"log:debug", [](const Config& c) { return c.log == LogLevel::debug; }},
         KeyCase{"log:ERROR", [](const Config& c) { return c.log == LogLevel::error; }}),
     key_case_name);
@@ -237,7 +243,7 @@ TEST(ConfigParse, EmptyItemsAreSkipped) {
 TEST(ConfigParse, AllKeysTogether) {
   Config config = parse_ok(
       "device:sim,device_budget:2GB,host_budget:0.25,chunk_size:8MB,policy:static,"
-      "warmup_steps:3,prefetch:no,trace:/tmp/x.json,cupti:off,strict_residency:1,"
+      "warmup_steps:3,prefetch:no,manage:explicit,trace:/tmp/x.json,cupti:off,strict_residency:1,"
       "sim_capacity:3GB,sim_bandwidth:10GB/s,log:info");
   Config expected;
   expected.device = DeviceChoice::sim;
@@ -247,6 +253,7 @@ TEST(ConfigParse, AllKeysTogether) {
   expected.policy = EvictionPolicyKind::static_residency;
   expected.warmup_steps = 3;
   expected.prefetch = false;
+  expected.manage = ManageMode::explicit_calls;
   expected.trace = "/tmp/x.json";
   expected.cupti = CuptiMode::off;
   expected.strict_residency = true;
@@ -355,7 +362,7 @@ TEST(ConfigFormat, DefaultsFormatInTableOrder) {
   EXPECT_EQ(format_config(Config{}),
             "device:auto,device_budget:0.9,host_budget:0.5,chunk_size:64000000B,"
             "expandable_segments:true,policy:planned,"
-            "warmup_steps:1,prefetch:true,trace:,cupti:auto,strict_residency:false,"
+            "warmup_steps:1,prefetch:true,manage:auto,trace:,cupti:auto,strict_residency:false,"
             "sim_capacity:4000000000B,sim_bandwidth:instant,log:warn");
 }
 

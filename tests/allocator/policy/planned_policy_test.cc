@@ -94,7 +94,9 @@ TEST(PlannedPolicy, EvictsAChunkTheStepNeverUsesFirstThenTheFarthestNextUse) {
   EXPECT_EQ(planned.choose_victim(all), chunk(9));
 }
 
-TEST(PlannedPolicy, ADepartureDropsThePlanFallsBackToLruAndTheNextStepIsTracedAgain) {
+// Note [Steps of several kinds]: a step that departs from the plan is
+// another kind of step, traced from its start (what it did of the plan).
+TEST(PlannedPolicy, ADepartureTracesTheStepFromItsStartAndPlansFromIt) {
   PlannedPolicy planned(1);
   CacheModel cache(planned, 2);
   cache.run_step({1, 2, 3});
@@ -105,30 +107,93 @@ TEST(PlannedPolicy, ADepartureDropsThePlanFallsBackToLruAndTheNextStepIsTracedAg
   // A data-dependent branch: chunk 4 instead of 2.
   cache.access(chunk(1));
   cache.access(chunk(4));
-  EXPECT_STREQ(planned.state().phase, "diverged");
+  EXPECT_STREQ(planned.state().phase, "tracing");  // the rest of the step: LRU's
   EXPECT_EQ(planned.state().divergences, 1);
   cache.access(chunk(3));
   planned.on_step_end();
-  EXPECT_STREQ(planned.state().phase, "tracing");  // this step is traced again
-
-  cache.run_step({1, 4, 3});
   EXPECT_STREQ(planned.state().phase, "following");
   EXPECT_EQ(planned.state().plans_built, 2);
+
   cache.run_step({1, 4, 3});
   EXPECT_EQ(planned.state().planned_steps, 2);
+  cache.run_step({1, 2, 3});  // the first kind again: its plan was kept
+  EXPECT_EQ(planned.state().planned_steps, 3);
+  EXPECT_EQ(planned.state().plans_built, 2);
   EXPECT_EQ(planned.state().divergences, 1);
+}
+
+// Note [Steps of several kinds]: an actor's step and a critic's in turns.
+TEST(PlannedPolicy, StepsOfTwoKindsInTurnsAreEachPlannedFromTheirOwnTrace) {
+  const std::vector<int> actor{1, 2, 3, 4, 5, 4, 3, 2, 1};
+  const std::vector<int> critic{6, 7, 8, 9, 8, 7, 6};
+  PlannedPolicy planned(1);
+  CacheModel cache(planned, 3);
+  cache.run_step(actor);
+  cache.run_step(critic);  // another kind: traced from its first access
+  EXPECT_EQ(planned.state().plans_built, 2);
+  EXPECT_EQ(planned.state().divergences, 0);
+  LruPolicy lru;
+  CacheModel lru_cache(lru, 3);
+  for (int turn = 0; turn < 3; ++turn) {
+    for (const std::vector<int>* step : {&actor, &critic}) {
+      // Each followed step misses no more than the optimum from what is resident.
+      const int misses = cache.run_step(*step);
+      EXPECT_LE(misses, optimal_misses(*step, 0, {}, 3) + 3) << turn;
+      lru_cache.run_step(*step);
+      EXPECT_STREQ(planned.state().phase, "following");
+    }
+  }
+  EXPECT_EQ(planned.state().planned_steps, 6);
+  EXPECT_EQ(planned.state().plans_built, 2);  // switching builds nothing
+  EXPECT_EQ(planned.state().divergences, 0);
+}
+
+TEST(PlannedPolicy, AStepThatDepartsLateFromOneKindIsFollowedByAnotherThatBeganTheSame) {
+  PlannedPolicy planned(1);
+  CacheModel cache(planned, 2);
+  cache.run_step({1, 2, 3});
+  cache.run_step({4, 5, 6});
+  cache.run_step({1, 7, 3});  // begins as the first kind, then departs
+  EXPECT_EQ(planned.state().divergences, 1);
+  EXPECT_EQ(planned.state().plans_built, 3);
+  for (const std::vector<int>& step :
+       std::vector<std::vector<int>>{{4, 5, 6}, {1, 2, 3}, {1, 7, 3}})
+    cache.run_step(step);
+  EXPECT_STREQ(planned.state().phase, "following");
+  EXPECT_EQ(planned.state().planned_steps, 3);
+  EXPECT_EQ(planned.state().plans_built, 3);
+  EXPECT_EQ(planned.state().divergences, 1);
+}
+
+TEST(PlannedPolicy, OnlyTheLatestKindsOfStepKeepTheirPlans) {
+  PlannedPolicy planned(1);
+  CacheModel cache(planned, 2);
+  const int kinds = static_cast<int>(PlannedPolicy::kMaxShelvedPlans) + 2;
+  for (int kind = 0; kind < kinds; ++kind) cache.run_step({10 * kind + 1, 10 * kind + 2});
+  EXPECT_EQ(planned.state().plans_built, kinds);
+  cache.run_step({10 * (kinds - 2) + 1, 10 * (kinds - 2) + 2});  // shelved: followed
+  EXPECT_EQ(planned.state().planned_steps, 1);
+  cache.run_step({1, 2});  // the oldest kind's plan was dropped: traced again
+  EXPECT_EQ(planned.state().planned_steps, 1);
+  EXPECT_EQ(planned.state().plans_built, kinds + 1);
 }
 
 TEST(PlannedPolicy, AStepEndingEarlyOrLateIsADeparture) {
   PlannedPolicy planned(1);
   CacheModel cache(planned, 2);
   cache.run_step({1, 2, 3});
-  cache.run_step({1, 2});  // ends early
+  cache.run_step({1, 2});  // ends early: what it did of the plan is its own plan
   EXPECT_EQ(planned.state().divergences, 1);
-  EXPECT_STREQ(planned.state().phase, "tracing");
+  EXPECT_EQ(planned.state().plans_built, 2);
+  EXPECT_STREQ(planned.state().phase, "following");
   cache.run_step({1, 2});
-  cache.run_step({1, 2, 3});  // runs on past the plan's end
+  EXPECT_EQ(planned.state().planned_steps, 1);
+  cache.run_step({1, 2, 3});  // runs on past the plan's end, as the first plan does
+  EXPECT_EQ(planned.state().divergences, 1);
+  EXPECT_EQ(planned.state().planned_steps, 2);
+  cache.run_step({1, 2, 3, 4});  // past the end of every plan
   EXPECT_EQ(planned.state().divergences, 2);
+  EXPECT_EQ(planned.state().plans_built, 3);
 }
 
 TEST(PlannedPolicy, WarmupStepsAreTracedBeforePlanning) {

@@ -92,8 +92,9 @@ TEST(WriteBackAhead, NothingIsNamedWithoutATracedSpillOrOffThePlan) {
   EXPECT_TRUE(tracing.spill_victims_ahead(all).empty()) << "still tracing";
 
   PlannedPolicy diverged = traced_policy(1);
-  access(diverged, {2, false});  // the plan expects 0 first
-  EXPECT_STREQ(diverged.state().phase, "diverged");
+  access(diverged, kStep[0]);
+  access(diverged, {3, false});  // the plan expects 1 next: the rest of the step is traced
+  EXPECT_STREQ(diverged.state().phase, "tracing");
   EXPECT_TRUE(diverged.spill_victims_ahead(all).empty());
 }
 

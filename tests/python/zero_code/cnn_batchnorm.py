@@ -1,0 +1,27 @@
+"""A CNN with batch norm, whose running statistics (buffers) change every step."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from _common import batches, print_loss, print_tensors
+
+
+def block(inputs, outputs):
+    return nn.Sequential(nn.Conv2d(inputs, outputs, 3, padding=1, bias=False),
+                         nn.BatchNorm2d(outputs), nn.ReLU())
+
+
+torch.manual_seed(0)
+model = nn.Sequential(block(3, 64), block(64, 192), nn.MaxPool2d(2), block(192, 192),
+                      block(192, 192), nn.MaxPool2d(2), block(192, 192), block(192, 192), block(192, 192),
+                      block(192, 192), block(192, 192),
+                      nn.Flatten(), nn.Linear(192 * 4 * 4, 10))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+for step, (x, y) in enumerate(batches(1, 5, (8, 3, 16, 16), (8, 10))):
+    optimizer.zero_grad()
+    loss = F.mse_loss(model(x), y)
+    loss.backward()
+    optimizer.step()
+    print_loss(step, loss)
+print_tensors(model.named_parameters())
+print_tensors(model.named_buffers())
