@@ -76,7 +76,8 @@ SCRIPT = textwrap.dedent("""
 """)
 
 # The op needs two 8 MiB chunks; the budget holds one with the activations.
-CONF = "device:sim,device_budget:12MiB,chunk_size:8MiB,strict_residency:true,policy:lru"
+CONF = ("device:sim,device_budget:12MiB,chunk_size:8MiB,strict_residency:true,policy:lru,"
+        "manage:explicit")  # the script manages its model itself, after a plain reference run
 
 
 def test_an_op_past_the_budget_is_exact_counted_and_an_error_at_the_first_step():

@@ -45,12 +45,15 @@ def test_planned_moves_no_more_bytes_than_lru(lru_and_planned):
     assert planned["h2d"] + planned["d2h"] <= lru["h2d"] + lru["d2h"]
 
 
-def test_a_data_dependent_branch_diverges_falls_back_retraces_and_stays_bit_identical():
+def test_a_data_dependent_branch_is_planned_by_kind_and_stays_bit_identical():
     branchy = run("planned", "branchy")
     assert branchy["identical"]
     policy = branchy["policy"]
-    # Steps 4 and 7 take the detour: each departs from the plan of the steps
-    # before, and so does the step after it.
-    assert policy["divergences"] >= 2, policy
-    assert policy["plans_built"] >= 3, policy
-    assert policy["planned_steps"] >= 1, policy
+    # Steps 0, 4 and 7 take the detour. A step that departs from the plan is
+    # traced from its start and planned from, and the plan it left is kept
+    # (Note [Steps of several kinds]): from the first step of each kind on,
+    # every step follows the plan of its kind, the detours included.
+    assert policy["divergences"] >= 1, policy
+    assert policy["plans_built"] >= 2, policy
+    assert policy["planned_steps"] >= STEPS - 3, str(policy)  # 7 of 10 measured; the rest traced
+    print(f"\nbranchy: {policy}")

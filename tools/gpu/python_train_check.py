@@ -7,7 +7,8 @@ spillway from its own environment (installed_spillway.py), then runs
 tools/gpu/train_script.py six times, each in a fresh interpreter:
   torch      plain torch, no SPILLWAY_CONF
   allocator  the script unchanged, SPILLWAY_CONF set: spillway is torch's
-             allocator from interpreter start
+             allocator from interpreter start (and, under manage:auto, the
+             model goes into chunks at its optimizer)
   managed    with spillway.manage(model) under a roomy budget: nothing needs
              to spill; measures what the spilling budget is derived from
   spilling   the same under the derived budget, below what the model's
