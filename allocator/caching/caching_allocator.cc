@@ -185,7 +185,9 @@
 // cannot be failed from where it is intercepted (Note [An op never runs on
 // bytes that are not resident] in hooks/torch/op_hooks.cc). The overrun ends
 // at the first free after it: a free while reserved exceeds the budget gives
-// every fully free segment back to the device.
+// every fully free segment back to the device. A free deferred for its users
+// (Note [Deferred frees and streams]) does so when the allocator collects it,
+// at its next call after those users are done.
 //
 // Note [Recording under the allocator's lock]
 // Trace events are recorded under the mutex, so the trace's order is the
@@ -982,10 +984,16 @@ void CachingAllocator::Impl::return_to_pool_locked(Block* block) {
 }
 
 void CachingAllocator::Impl::collect_completed_frees_locked() {
-  deferred_frees.collect_completed([this](Block* block) {
+  bool collected = false;
+  deferred_frees.collect_completed([this, &collected](Block* block) {
     stats.active_bytes.decrease(static_cast<std::int64_t>(block->size));
     return_to_pool_locked(block);
+    collected = true;
   });
+  // Note [Segments past the budget]: a deferred free ends the overrun when
+  // its users are done, as a plain free does at once.
+  if (collected && reserved_bytes_locked() > budget_bytes.load(std::memory_order_relaxed))
+    release_free_segments_locked();
 }
 
 // Synchronizes the events of the deferred frees pending now, without the

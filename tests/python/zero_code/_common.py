@@ -5,6 +5,7 @@ compares what they print."""
 import hashlib
 
 import torch
+import torch.nn.functional as F
 
 
 def print_tensors(named):
@@ -29,3 +30,13 @@ def batches(seed, count, *shapes):
     generator = torch.Generator().manual_seed(seed)
     return [tuple(torch.randn(shape, generator=generator) for shape in shapes)
             for _ in range(count)]
+
+
+def train(model, optimizer, data, first_step=0):
+    """The usual loop: one optimizer step per (input, target) batch, MSE loss."""
+    for step, (x, y) in enumerate(data, start=first_step):
+        optimizer.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        print_loss(step, loss)

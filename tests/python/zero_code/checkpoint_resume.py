@@ -4,18 +4,8 @@ import os
 import tempfile
 
 import torch
-import torch.nn.functional as F
 
-from _common import batches, mlp, print_loss, print_tensors
-
-
-def train(model, optimizer, data, first_step):
-    for step, (x, y) in enumerate(data, start=first_step):
-        optimizer.zero_grad()
-        loss = F.mse_loss(model(x), y)
-        loss.backward()
-        optimizer.step()
-        print_loss(step, loss)
+from _common import batches, mlp, print_tensors, train
 
 
 data = batches(1, 8, (32, 256), (32, 16))

@@ -1,9 +1,8 @@
 """A CNN with batch norm, whose running statistics (buffers) change every step."""
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from _common import batches, print_loss, print_tensors
+from _common import batches, print_tensors, train
 
 
 def block(inputs, outputs):
@@ -17,11 +16,6 @@ model = nn.Sequential(block(3, 64), block(64, 192), nn.MaxPool2d(2), block(192, 
                       block(192, 192), block(192, 192),
                       nn.Flatten(), nn.Linear(192 * 4 * 4, 10))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-for step, (x, y) in enumerate(batches(1, 5, (8, 3, 16, 16), (8, 10))):
-    optimizer.zero_grad()
-    loss = F.mse_loss(model(x), y)
-    loss.backward()
-    optimizer.step()
-    print_loss(step, loss)
+train(model, optimizer, batches(1, 5, (8, 3, 16, 16), (8, 10)))
 print_tensors(model.named_parameters())
 print_tensors(model.named_buffers())

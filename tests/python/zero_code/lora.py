@@ -1,9 +1,8 @@
 """LoRA-style fine-tuning: a frozen base, trainable low-rank adapters."""
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from _common import batches, print_loss, print_tensors
+from _common import batches, print_tensors, train
 
 
 class LoRALinear(nn.Module):
@@ -24,10 +23,5 @@ for _ in range(5):
     layers += [LoRALinear(1024, 1024), nn.ReLU()]
 model = nn.Sequential(*layers, LoRALinear(1024, 16))
 optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-for step, (x, y) in enumerate(batches(1, 6, (32, 256), (32, 16))):
-    optimizer.zero_grad()
-    loss = F.mse_loss(model(x), y)
-    loss.backward()
-    optimizer.step()
-    print_loss(step, loss)
+train(model, optimizer, batches(1, 6, (32, 256), (32, 16)))
 print_tensors(model.named_parameters())
