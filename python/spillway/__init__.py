@@ -122,9 +122,9 @@ def manage(module_or_params):
     tensors or (name, tensor) pairs.
     Each call makes one chunk-manager client (a model), named after the
     module's class ("GPT#0"; "torch#0" for tensors); parameters already
-    managed are skipped. Activates spillway if needed. A module's
-    state_dict() then holds true values whatever is evicted (Note
-    [Checkpoints of managed modules] in _checkpoint.py).
+    managed are skipped. Activates spillway if needed. state_dict() and
+    torch.save then hold true values whatever is evicted (Note [Checkpoints
+    of managed modules] in _checkpoint.py).
     """
     client = (type(module_or_params).__name__
               if isinstance(module_or_params, torch.nn.Module) else "torch")
@@ -133,9 +133,9 @@ def manage(module_or_params):
 
 def _manage_as(module_or_params, client):
     named = _named_parameters(module_or_params)
+    _checkpoint.install()
     _C.manage(named, client)
     if isinstance(module_or_params, torch.nn.Module):
-        _checkpoint.hook(module_or_params)
         _release_when_dropped(module_or_params, [tensor for _, tensor in named])
 
 
@@ -168,7 +168,6 @@ def unmanage(module_or_params):
     ordinary storage."""
     _C.unmanage([param for _, param in _named_parameters(module_or_params)])
     if isinstance(module_or_params, torch.nn.Module):
-        _checkpoint.unhook(module_or_params)
         finalizer = _FINALIZERS.pop(id(module_or_params), None)
         if finalizer is not None:
             finalizer.detach()

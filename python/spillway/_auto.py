@@ -7,7 +7,9 @@ install() before any user code runs. From then on:
 
 - Every module that registers a parameter, a buffer or a submodule is
   remembered, and so is each submodule's parent (torch's global registration
-  hooks; weak references only, so nothing is kept alive). A module's root is
+  hooks; weak references only, so nothing is kept alive). So is a module
+  rebuilt by unpickling (torch.load of a whole module) or copy.deepcopy,
+  which registers nothing: Module.__setstate__ is wrapped. A module's root is
   found by walking up its parents.
 - A root is adopted at the first forward of any module in it, or when an
   optimizer receives one of its parameters (Optimizer.add_param_group, which
@@ -114,6 +116,18 @@ class _Adopter:
         torch.optim.Optimizer.add_param_group = add_param_group
         self._handles.append(lambda: setattr(torch.optim.Optimizer, "add_param_group", original))
 
+        # Unpickling (torch.load of a whole module) and copy.deepcopy rebuild
+        # a module through __setstate__, with no registration hook.
+        setstate = torch.nn.Module.__setstate__
+
+        def module_setstate(module, state):
+            setstate(module, state)
+            adopter._rebuilt(module)
+
+        module_setstate.__wrapped__ = setstate
+        torch.nn.Module.__setstate__ = module_setstate
+        self._handles.append(lambda: setattr(torch.nn.Module, "__setstate__", setstate))
+
     def uninstall(self):
         for handle in self._handles:
             handle.remove() if hasattr(handle, "remove") else handle()
@@ -131,6 +145,13 @@ class _Adopter:
             self._modules.add(child)
             self._parents[child] = weakref.ref(module)
         return None
+
+    def _rebuilt(self, module):
+        with self._lock:
+            self._modules.add(module)
+            for child in getattr(module, "_modules", {}).values():
+                if child is not None:
+                    self._child_registered(module, None, child)
 
     def _root_of(self, module):
         seen = {id(module)}

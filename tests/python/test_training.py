@@ -148,17 +148,21 @@ def test_batch_norm_running_statistics_are_managed_and_bit_identical():
         assert torch.equal(expected, buffer), f"buffer {index} differs after unmanage"
 
 
+def deep_mlp(seed):
+    """Eight linear layers: most of its chunks stay evicted under use_budget_for((model, 1))."""
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(INPUTS, WIDTH),
+        *[torch.nn.Sequential(torch.nn.Tanh(), torch.nn.Linear(WIDTH, WIDTH)) for _ in range(6)],
+        torch.nn.Tanh(), torch.nn.Linear(WIDTH, OUTPUTS))
+
+
 def test_a_checkpoint_saved_mid_run_while_spilled_resumes_as_plain_torch():
     """torch.save(model.state_dict()) under strict_residency with most chunks
     evicted (issue 16): a fresh plain model loaded from it trains on exactly
     as the plain run, and so does the managed one."""
     with plain_torch():
-        torch.manual_seed(12)
-        model = torch.nn.Sequential(
-            torch.nn.Linear(INPUTS, WIDTH),
-            *[torch.nn.Sequential(torch.nn.Tanh(), torch.nn.Linear(WIDTH, WIDTH))
-              for _ in range(6)],
-            torch.nn.Tanh(), torch.nn.Linear(WIDTH, OUTPUTS))
+        model = deep_mlp(seed=12)
         fresh = copy.deepcopy(model)
     data = mlp_batches(13, 4)
 
@@ -189,5 +193,44 @@ def test_a_checkpoint_saved_mid_run_while_spilled_resumes_as_plain_torch():
         resumed = [train_step(fresh, fresh_sgd, batch) for batch in data[2:]]
         assert_same(plain_losses[2:], resumed, plain_params, fresh)
     # Unmanaged, the model is ordinary tensors on the device: room for it.
+    use_budget_for((model, 4))
+    spillway.unmanage(model)
+
+
+def test_a_whole_module_pickled_while_spilled_holds_true_values_and_no_spillway():
+    """torch.save(model), of the module itself, and torch.save of one
+    parameter, under strict_residency with chunks evicted (Note [Checkpoints
+    of managed modules]): the true values, and nothing in the file that
+    needs spillway to load it."""
+    with plain_torch():
+        model = deep_mlp(seed=14)
+    use_budget_for((model, 1))
+    spillway.manage(model)
+    sgd = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
+    for batch in mlp_batches(15, 2):
+        train_step(model, sgd, batch)
+    stats = spillway.memory_stats()
+    assert stats["chunk_bytes.device"] < stats["chunk_bytes.capacity"] // 2, "most chunks on the device"
+    with plain_torch():  # the copies compared, off the device budget
+        expected = parameters_copy(model)
+    first = next(model.parameters())
+    whole, one = io.BytesIO(), io.BytesIO()
+    torch.save(model, whole)
+    torch.save(first, one)
+    assert b"spillway" not in whole.getvalue()
+    with plain_torch():
+        whole.seek(0)
+        loaded = torch.load(whole, weights_only=False)
+        one.seek(0)
+        loaded_first = torch.load(one)
+        for index, (value, got) in enumerate(zip(expected, loaded.parameters())):
+            assert torch.equal(value, got), f"parameter {index} differs"
+            assert got.requires_grad
+        assert not any(spillway._C._is_managed(p) for p in loaded.parameters())
+        assert isinstance(loaded_first, torch.nn.Parameter)
+        assert torch.equal(expected[0], loaded_first)
+    # A state dict holds copies that anything may read; keep_vars, the tensors themselves.
+    assert not any(spillway._C._is_managed(v) for v in model.state_dict().values())
+    assert model.state_dict(keep_vars=True)["0.weight"] is first
     use_budget_for((model, 4))
     spillway.unmanage(model)

@@ -54,7 +54,7 @@ if os.environ.get("SPILLWAY_CONF") is not None:
 
 TRAINING_SCRIPTS = ["mlp_adam", "tied_gpt", "lora", "cnn_batchnorm", "actor_critic",
                     "grad_accumulation", "set_to_none", "double_after_construction",
-                    "bare_parameter", "skipped_branch", "checkpoint_resume"]
+                    "bare_parameter", "skipped_branch", "checkpoint_resume", "whole_module_save"]
 
 
 def run_script(name, conf, tmp_path, budget=None):
@@ -126,6 +126,8 @@ def clients_of(name, tmp_path):
 def test_each_root_module_is_one_client_named_after_its_class(tmp_path):
     assert sorted(clients_of("actor_critic", tmp_path)) == ["Sequential#0", "Sequential#1"]
     assert sorted(clients_of("tied_gpt", tmp_path)) == ["TinyGPT#0"]
+    # A module loaded whole by torch.load registers nothing; it is still a root.
+    assert sorted(clients_of("whole_module_save", tmp_path)) == ["Sequential#0", "Sequential#1"]
 
 
 def test_a_parameter_no_module_owns_is_managed_in_a_client_of_the_optimizer(tmp_path):
@@ -135,18 +137,23 @@ def test_a_parameter_no_module_owns_is_managed_in_a_client_of_the_optimizer(tmp_
     assert clients["Adam.params#0"]["chunk_bytes.tensors"] == 2 * readout_bytes  # and its grad
 
 
-def test_a_compiled_model_is_refused_and_manage_explicit_leaves_it_to_torch(tmp_path):
-    plain, _ = run_script("compiled", None, tmp_path)
+@pytest.mark.parametrize("name, kind, why", [
+    ("compiled", "Sequential", "torch.compile"),
+    ("ddp_bucket_view", "DistributedDataParallel", "gradient_as_bucket_view"),
+])
+def test_a_model_spillway_cannot_manage_is_refused_and_manage_explicit_leaves_it_to_torch(
+        name, kind, why, tmp_path):
+    plain, _ = run_script(name, None, tmp_path)
     assert plain.returncode == 0, plain.stderr
 
-    refused, _ = run_script("compiled", BASE_CONF, tmp_path)
+    refused, _ = run_script(name, BASE_CONF, tmp_path)
     assert refused.returncode != 0
     assert "step 0 loss" not in refused.stdout
-    assert "cannot manage Sequential" in refused.stderr, refused.stderr
-    assert "torch.compile" in refused.stderr
+    assert f"cannot manage {kind}" in refused.stderr, refused.stderr
+    assert why in refused.stderr
     assert "manage:explicit" in refused.stderr
 
-    explicit, stats = run_script("compiled", f"{BASE_CONF},manage:explicit", tmp_path)
+    explicit, stats = run_script(name, f"{BASE_CONF},manage:explicit", tmp_path)
     assert explicit.returncode == 0, explicit.stderr
     assert explicit.stdout == plain.stdout
     assert stats["chunk_bytes.tensors"] == 0, stats
