@@ -21,6 +21,7 @@
 #include <shared_mutex>
 #include <span>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include <torch/torch.h>
@@ -125,6 +126,16 @@ class OpHookSuppression {
 // Copies `bytes` between two addresses the device can reach (chunk memory,
 // tensors' memory), waiting until done. Throws std::runtime_error on failure.
 void copy_bytes(void* dst, const void* src, std::size_t bytes);
+
+// Note [A parameter only the bridge holds goes] (dropped_params.cc):
+// discards from their chunks, without a copy, the parameters and gradients
+// nothing but the bridge holds any more, and removes the clients left with
+// nothing bound.
+void drop_unreachable_params(ChunkManager& chunks);
+// Removes each of `clients` none of whose tensors is still bound, with its
+// chunks (manage.cc).
+void remove_clients_without_bindings(ChunkManager& chunks,
+                                     const std::unordered_set<std::uint32_t>& clients);
 
 // Gradient binding (grad_binding.cc).
 // Makes a chunk-resident gradient for `managed.param` (registered as kind

@@ -67,6 +67,7 @@ void move_into_chunk(ChunkManager& chunks, TensorId id, c10::StorageImpl& storag
 void manage_params(const std::vector<std::pair<std::string, torch::Tensor>>& named,
                    const std::string& kind) {
   ChunkManager& chunks = torch_bridge::active_chunk_manager();
+  torch_bridge::drop_unreachable_params(chunks);  // Note [A parameter only the bridge holds goes]
   torch_bridge::BindingTable& table = binding_table();
 
   // What is new: tied weights share a storage, and what is managed stays
@@ -146,6 +147,7 @@ void unbind_storage(ChunkManager& chunks, c10::StorageImpl* storage) {
 void unmanage_params(const std::vector<torch::Tensor>& params) {
   if (binding_table().empty()) return;
   ChunkManager& chunks = torch_bridge::active_chunk_manager();
+  torch_bridge::drop_unreachable_params(chunks);  // Note [A parameter only the bridge holds goes]
   // By the parameter (set_data may have given it another storage), or else
   // by its storage (a tensor that shares it, such as param.data).
   std::unordered_map<const c10::TensorImpl*, std::shared_ptr<ManagedParam>> by_param;
@@ -177,8 +179,16 @@ void unmanage_params(const std::vector<torch::Tensor>& params) {
     if (managed.bound_grad_storage != nullptr) unbind_storage(chunks, managed.bound_grad_storage);
     touched_clients.insert(static_cast<std::uint32_t>(managed.client));
   }
-  // A client none of whose tensors is still bound goes away with its chunks.
-  for (const std::uint32_t client : touched_clients) {
+  torch_bridge::remove_clients_without_bindings(chunks, touched_clients);
+}
+
+}  // namespace
+
+namespace torch_bridge {
+
+void remove_clients_without_bindings(ChunkManager& chunks,
+                                     const std::unordered_set<std::uint32_t>& clients) {
+  for (const std::uint32_t client : clients) {
     bool still_bound = false;
     for (const auto& managed : binding_table().managed_params())
       still_bound = still_bound || static_cast<std::uint32_t>(managed->client) == client;
@@ -186,7 +196,7 @@ void unmanage_params(const std::vector<torch::Tensor>& params) {
   }
 }
 
-}  // namespace
+}  // namespace torch_bridge
 
 void configure(const std::string& conf) {
   std::string error;
@@ -232,6 +242,9 @@ bool is_managed(const torch::Tensor& tensor) {
 std::string memory_stats_json() {
   Runtime& runtime = Runtime::process();
   if (runtime.active_allocator() == nullptr) return "{}";
+  // Note [A parameter only the bridge holds goes]: the figures without them.
+  if (!binding_table().empty())
+    torch_bridge::drop_unreachable_params(torch_bridge::active_chunk_manager());
   nlohmann::ordered_json json = nlohmann::ordered_json::parse(
       torch_bridge::add_client_stats(runtime.stats().to_json(), runtime.chunk_manager()));
   json["op_timing"] = torch_bridge::OpGpuTiming::process().stats();
@@ -248,6 +261,7 @@ void step() {
   std::exception_ptr rebinding_failed;
   if (!binding_table().empty()) {
     ChunkManager& chunks = torch_bridge::active_chunk_manager();
+    torch_bridge::drop_unreachable_params(chunks);  // Note [A parameter only the bridge holds goes]
     for (const auto& managed : binding_table().managed_params()) {
       try {
         torch_bridge::rebind_param_if_replaced(chunks, *managed);

@@ -20,7 +20,6 @@ syntax and keys: docs/configuration.md. The Python API: docs/python.md.
 import json
 import os
 import warnings
-import weakref
 
 import torch  # first: the extension links against torch's libraries
 from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -135,42 +134,12 @@ def _manage_as(module_or_params, client):
     named = _named_parameters(module_or_params)
     _checkpoint.install()
     _C.manage(named, client)
-    if isinstance(module_or_params, torch.nn.Module):
-        _release_when_dropped(module_or_params, [tensor for _, tensor in named])
-
-
-# Note [A dropped module gives its chunks back]
-# The bridge holds each managed parameter, so a module dropped without
-# unmanage would keep its chunks for the life of the process. A finalizer on
-# the module unmanages what it held when the module is collected: what
-# nothing else holds is then freed, and what something still holds (an
-# optimizer's parameters) keeps its values in ordinary memory. Not at exit:
-# the process's memory goes anyway.
-_FINALIZERS = {}  # id(module) -> weakref.finalize
-
-
-def _release_when_dropped(module, tensors):
-    key = id(module)
-    if key in _FINALIZERS and _FINALIZERS[key].alive:
-        tensors = _FINALIZERS[key].detach()[2][1] + tensors
-    finalizer = weakref.finalize(module, _release, key, tensors)
-    finalizer.atexit = False
-    _FINALIZERS[key] = finalizer
-
-
-def _release(key, tensors):
-    _FINALIZERS.pop(key, None)
-    _C.unmanage(tensors)
 
 
 def unmanage(module_or_params):
     """Moves parameters (and their gradients) and a module's buffers back into
     ordinary storage."""
     _C.unmanage([param for _, param in _named_parameters(module_or_params)])
-    if isinstance(module_or_params, torch.nn.Module):
-        finalizer = _FINALIZERS.pop(id(module_or_params), None)
-        if finalizer is not None:
-            finalizer.detach()
 
 
 def memory_stats():

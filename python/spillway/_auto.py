@@ -28,6 +28,11 @@ install() before any user code runs. From then on:
   flattened or sharded parameters, and DDP with gradient_as_bucket_view.
 - A root with a lazy parameter (nn.LazyLinear before its first forward) is
   adopted once the parameter has its shape: at the next forward after.
+- The forward hook is installed only while some recorded module's root is
+  not adopted yet: a global forward hook sends every module call through
+  torch's slow path (bench/python/auto_hook_overhead.py), so once all roots
+  are adopted, training runs without it, and a module recorded later
+  installs it again.
 
 Modules first called under torch.compile or torch.jit are not seen by the
 forward hook; they are refused at their optimizer's construction.
@@ -96,14 +101,16 @@ class _Adopter:
         self._settled = weakref.WeakSet()  # modules whose root is adopted
         self._deferred = weakref.WeakSet()  # roots waiting for a lazy parameter's shape
         self._handles = []
+        self._forward_hook = None  # while some recorded module's root is not adopted
+        self._recorded_since_check = False
 
     def install(self):
         self._handles = [
             _torch_module.register_module_parameter_registration_hook(self._registered),
             _torch_module.register_module_buffer_registration_hook(self._registered),
             _torch_module.register_module_module_registration_hook(self._child_registered),
-            _torch_module.register_module_forward_pre_hook(self._before_forward),
         ]
+        self._watch_forwards()
         original = torch.optim.Optimizer.add_param_group
         adopter = self
 
@@ -132,23 +139,49 @@ class _Adopter:
         for handle in self._handles:
             handle.remove() if hasattr(handle, "remove") else handle()
         self._handles = []
+        self._unwatch_forwards()
+
+    # Note [Adopting models without being told]: a global forward hook takes
+    # torch's slow path in every module call (bench/python/auto_hook_overhead.py),
+    # so it is there only while a recorded module's root is not adopted yet.
+
+    def _watch_forwards(self):
+        if self._forward_hook is None:
+            self._forward_hook = _torch_module.register_module_forward_pre_hook(
+                self._before_forward)
+
+    def _unwatch_forwards(self):
+        if self._forward_hook is not None:
+            self._forward_hook.remove()
+            self._forward_hook = None
+
+    def _unwatch_forwards_if_all_adopted(self):
+        """After an adoption, or the first forward after a module was recorded."""
+        self._recorded_since_check = False
+        if all(self._root_of(module) in self._settled for module in list(self._modules)):
+            self._unwatch_forwards()
 
     # Registration: remember modules and their parents.
 
-    def _registered(self, module, name, tensor):
+    def _recorded(self, module):
         self._modules.add(module)
+        self._recorded_since_check = True
+        self._watch_forwards()
+
+    def _registered(self, module, name, tensor):
+        self._recorded(module)
         return None
 
     def _child_registered(self, module, name, child):
-        self._modules.add(module)
+        self._recorded(module)
         if child is not None:
-            self._modules.add(child)
+            self._recorded(child)
             self._parents[child] = weakref.ref(module)
         return None
 
     def _rebuilt(self, module):
         with self._lock:
-            self._modules.add(module)
+            self._recorded(module)
             for child in getattr(module, "_modules", {}).values():
                 if child is not None:
                     self._child_registered(module, None, child)
@@ -168,7 +201,7 @@ class _Adopter:
     # Adoption.
 
     def _before_forward(self, module, args):
-        if module in self._settled:
+        if module in self._settled and not self._recorded_since_check:
             return None
         with self._lock:
             root = self._root_of(module)
@@ -180,6 +213,8 @@ class _Adopter:
                 self._settled.add(module)
             else:
                 self._deferred.add(root)
+            if self._recorded_since_check:
+                self._unwatch_forwards_if_all_adopted()
         return None
 
     def _adopt(self, root):
@@ -196,6 +231,7 @@ class _Adopter:
         self._manage(root, type(root).__name__)
         self._settled.add(root)
         self._deferred.discard(root)
+        self._unwatch_forwards_if_all_adopted()
         return True
 
     def _adopt_for_optimizer(self, optimizer, params):

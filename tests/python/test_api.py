@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import spillway
 from spillway_testing import (SPILLING_CONF, TRACE_KIND_STEP, make_mlp, mlp_batches,
-                              trace_event_kinds, use_budget_for)
+                              train_step, trace_event_kinds, use_budget_for)
 
 # Design section 3: the contract keys of memory_stats().
 CONTRACT_KEYS = [f"{figure}.all.{kind}"
@@ -64,32 +64,51 @@ def test_memory_stats_has_the_contract_keys(trace_dir):
     spillway.unmanage(model)
 
 
-def test_a_dropped_module_gives_its_chunks_back_and_what_is_still_held_keeps_its_values(trace_dir):
-    # Note [A dropped module gives its chunks back] (spillway/__init__.py).
-    def tensors():
-        return spillway.memory_stats()["chunk_bytes.tensors"]
+def test_a_dropped_module_gives_its_chunks_back_and_what_is_still_held_stays(trace_dir):
+    # Note [A parameter only the bridge holds goes] (hooks/torch/dropped_params.cc).
+    def chunk_figures():
+        stats = spillway.memory_stats()  # sweeps first
+        return stats["chunk_bytes.tensors"], stats["chunk_bytes.host"] + stats["chunk_bytes.device"]
 
-    before = tensors()
+    before_tensors, before_bytes = chunk_figures()
     model = make_mlp(seed=5)
     use_budget_for((model, 2))
     spillway.manage(model)
-    managed = tensors() - before
-    assert managed >= 2 * sum(p.numel() * p.element_size() for p in model.parameters())
-    kept = model[0].weight  # still held after the module goes
-    expected = kept.detach().clone()
-    del model
+    sgd = torch.optim.SGD(model.parameters(), lr=1e-2)
+    for batch in mlp_batches(6, 2):
+        train_step(model, sgd, batch)
+    managed_tensors, managed_bytes = chunk_figures()
+    assert managed_tensors - before_tensors >= 2 * sum(
+        p.numel() * p.element_size() for p in model.parameters())
+    kept = model[0].weight  # the parameter itself
+    alias = model[2].weight.data  # a view of another parameter's data
+    expected = [kept.detach().clone(), alias.clone()]
+    x = mlp_batches(7, 1)[0][0]
+    graph = model(x).sum()  # an autograd graph that saved every weight
+    del model, sgd
     gc.collect()
-    assert tensors() == before
-    assert not spillway._C._is_managed(kept)
-    assert torch.equal(kept.detach(), expected)
+    assert chunk_figures()[1] == managed_bytes, "a parameter something holds went"
+    graph.backward()  # the saved weights are all there
+    assert kept.grad is not None and spillway._C._is_managed(kept.grad)
+    del graph
+    gc.collect()
+    # The weights only the graph held are gone; the two held ones stay, with their values.
+    _, held_bytes = chunk_figures()
+    assert before_bytes < held_bytes < managed_bytes
+    assert spillway._C._is_managed(kept) and spillway._C._is_managed(alias)
+    assert torch.equal(kept.detach().clone(), expected[0])
+    assert torch.equal(alias.clone(), expected[1])
+    del kept, alias
+    gc.collect()
+    assert chunk_figures() == (before_tensors, before_bytes)
 
-    # unmanage first: the finalizer is gone with it, and nothing fails at collection.
+    # unmanage first: nothing is left to go later.
     model = make_mlp(seed=6)
     spillway.manage(model)
     spillway.unmanage(model)
     del model
     gc.collect()
-    assert tensors() == before
+    assert chunk_figures() == (before_tensors, before_bytes)
 
 
 def test_enabling_again_with_another_configuration_is_an_error(trace_dir):
@@ -192,3 +211,35 @@ def test_use_as_torch_cuda_allocator_needs_a_gpu(trace_dir):
     expected = "needs device:cuda" if spillway._C.has_torch_cuda_allocator else "no torch CUDA"
     with pytest.raises(RuntimeError, match=expected):
         spillway.use_as_torch_cuda_allocator()
+
+
+def test_the_adopters_forward_hook_is_there_only_while_a_root_waits():
+    # Note [Adopting models without being told]: a global forward hook sends
+    # every module call through torch's slow path, so it goes once every
+    # recorded module's root is adopted, and comes back for a new module.
+    from spillway import _auto
+    from torch.nn.modules import module as torch_module
+
+    adopted = []
+
+    def hooks():
+        return len(torch_module._global_forward_pre_hooks)
+
+    before = hooks()
+    _auto.install(lambda module_or_named, client: adopted.append(client))
+    try:
+        assert hooks() == before + 1
+        first = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+        first(torch.randn(2, 4))
+        assert adopted == ["Sequential"]
+        assert hooks() == before
+        second = torch.nn.Linear(4, 2)
+        assert hooks() == before + 1
+        first(torch.randn(2, 4))  # the second still waits: the hook stays
+        assert hooks() == before + 1
+        second(torch.randn(2, 4))
+        assert adopted == ["Sequential", "Linear"]
+        assert hooks() == before
+    finally:
+        _auto.uninstall()
+    assert hooks() == before

@@ -430,13 +430,15 @@ TEST(TorchBridgeTraining, BatchNormRunningStatisticsAreManagedAndStayBitIdentica
   TrainingSetup setup = sgd_momentum_setup();
   setup.make_model = make_batch_norm_mlp;
   expect_bit_identical(setup);
-  // The chunks hold every parameter, its gradient and every buffer.
-  ModelUnderTest model = make_batch_norm_mlp();
+  // The chunks hold every parameter, its gradient and every buffer (of a
+  // managed run while it lives: Note [A parameter only the bridge holds goes]).
+  Training run(setup, /*managed=*/true);
+  run.run_step(0);
   std::int64_t bytes = 0;
-  for (const torch::Tensor& param : model.module->parameters()) bytes += 2 * param.nbytes();
-  for (const torch::Tensor& buffer : model.module->buffers()) bytes += buffer.nbytes();
-  // The managed run's client: the newest "torch#<N>" (earlier tests of this
-  // process may have made others).
+  for (const torch::Tensor& param : run.module().parameters()) bytes += 2 * param.nbytes();
+  for (const torch::Tensor& buffer : run.module().buffers()) bytes += buffer.nbytes();
+  // The run's client: the newest "torch#<N>" (earlier tests of this process
+  // may have made others).
   const nlohmann::json clients = nlohmann::json::parse(spillway::memory_stats_json()).at("clients");
   int newest = -1;
   for (const auto& [name, figures] : clients.items()) {
@@ -519,6 +521,46 @@ TEST(TorchBridgeTraining, UnmanageMidwayKeepsTraining) {
   TrainingSetup setup = adam_setup();
   setup.unmanage_after = kSteps / 2;
   expect_same_results(train(setup, /*managed=*/false), train(setup, /*managed=*/true));
+}
+
+// Note [A parameter only the bridge holds goes] (hooks/torch/dropped_params.cc):
+// a model trained under a spilling budget and destroyed, with its optimizer,
+// without unmanage gives its chunks back at the next step boundary. A
+// parameter the program still holds, or a view of another's data, stays
+// managed with its values, and goes when it is dropped too.
+TEST(TorchBridgeTraining, ADestroyedModelGivesItsChunksBack) {
+  auto chunk_bytes = [] { return stat("chunk_bytes.host") + stat("chunk_bytes.device"); };
+  spillway::step();
+  const std::uint64_t before_tensors = stat("chunk_bytes.tensors");
+  const std::uint64_t before_bytes = chunk_bytes();
+  torch::Tensor kept;
+  torch::Tensor alias;
+  std::uint64_t managed_bytes = 0;
+  {
+    const TrainingSetup setup = sgd_momentum_setup();
+    Training run(setup, /*managed=*/true);
+    for (int step = 0; step < 2; ++step) run.run_step(step);
+    managed_bytes = chunk_bytes();
+    ASSERT_GT(managed_bytes, before_bytes);
+    const std::vector<torch::Tensor> params = run.module().parameters();
+    kept = params.front();                     // the parameter itself
+    alias = params[params.size() / 2].data();  // a tensor of its own over another's storage
+  }
+  const torch::Tensor kept_values = kept.detach().clone();
+  const torch::Tensor alias_values = alias.clone();
+  spillway::step();
+  const std::uint64_t held_bytes = chunk_bytes();
+  EXPECT_GT(held_bytes, before_bytes);
+  EXPECT_LT(held_bytes, managed_bytes) << "the parameters nothing holds went";
+  EXPECT_TRUE(spillway::is_managed(kept));
+  EXPECT_TRUE(spillway::is_managed(alias));
+  EXPECT_TRUE(torch::equal(kept.detach().clone(), kept_values));
+  EXPECT_TRUE(torch::equal(alias.clone(), alias_values));
+  kept = torch::Tensor();
+  alias = torch::Tensor();
+  spillway::step();
+  EXPECT_EQ(stat("chunk_bytes.tensors"), before_tensors) << "the client went with its chunks";
+  EXPECT_EQ(chunk_bytes(), before_bytes);
 }
 
 // Design section 3: one chunk manager serves every model in the process. An
