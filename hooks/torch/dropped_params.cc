@@ -37,7 +37,11 @@ namespace {
 // `refs` of the bridge's and nothing else. Its Python object, if it has one,
 // holds one reference of its own (torch's PyObject preservation), and is
 // held by nothing in Python when its only reference is the one C++ holds to
-// keep it alive while C++ holds the target.
+// keep it alive while C++ holds the target. The bridge reads that refcount
+// without the GIL: at 1 no Python code holds the object, and above 1 the
+// target is kept either way. The one way back to an object no one holds is
+// a Python weak reference to it, called on another thread in the instant
+// between this check and the drop: not guarded against.
 template <typename Target>
 bool held_only_by(Target* target, std::size_t refs) {
   const c10::impl::PyObjectSlot* slot = target->pyobj_slot();
