@@ -102,10 +102,13 @@ void drop_unreachable_params(ChunkManager& chunks) {
   for (const std::shared_ptr<ManagedParam>& managed : binding_table().managed_params()) {
     if (!only_the_bridge_holds(*managed)) continue;
     stop_rebinding_after_accumulation(*managed);
-    // The gradient first: the parameter's binding is what lists it.
-    if (managed->bound_grad_storage != nullptr &&
-        !forget_storage(chunks, managed->bound_grad_storage))
-      continue;
+    // The gradient first: the parameter's binding is what lists it. A
+    // discard that fails (the tensor is acquired) leaves the rest bound for
+    // the next sweep; a gradient already forgotten is not looked at again.
+    if (managed->bound_grad_storage != nullptr) {
+      if (!forget_storage(chunks, managed->bound_grad_storage)) continue;
+      managed->bound_grad_storage = nullptr;
+    }
     if (!forget_storage(chunks, managed->bound_param.storage().unsafeGetStorageImpl())) continue;
     // A gradient registered but never bound (no backward reached it) was
     // never acquired: it holds nothing.

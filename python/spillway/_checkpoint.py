@@ -53,10 +53,13 @@ def _keeps_vars(args, kwargs):
 def install():
     """Note [Checkpoints of managed modules]: patches torch once per process."""
     global _installed
-    with _install_lock:
-        if _installed:
-            return
-        _installed = True
+    with _install_lock:  # no caller goes on before the patches are in
+        if not _installed:
+            _patch_torch()
+            _installed = True
+
+
+def _patch_torch():
     state_dict = torch.nn.Module.state_dict
     reduce_ex_internal = torch.Tensor._reduce_ex_internal
 
