@@ -79,6 +79,7 @@ ChunkManager& active_chunk_manager() {
     OpGpuTiming::process().start(runtime);  // before the hooks that push ops to it
     runtime.chunk_manager().add_observer(&binding_table());
     install_op_hooks();
+    install_set_data_hook();
   });
   return runtime.chunk_manager();
 }

@@ -20,6 +20,7 @@
 #include <optional>
 #include <shared_mutex>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -108,6 +109,9 @@ ChunkManager& active_chunk_manager();
 
 // Installs the global RecordFunction callback (once; op_hooks.cc).
 void install_op_hooks();
+// Puts the bridge's variable hooks in front of torch's, so set_data on a
+// managed parameter is followed at the call (set_data_hook.cc). Once.
+void install_set_data_hook();
 
 // While alive, the op hook ignores ops on this thread: for the bridge's own
 // ops on tensors it has acquired itself.
@@ -150,7 +154,11 @@ void rebind_after_accumulation(const std::shared_ptr<ManagedParam>& managed);
 // the old layout goes into the chunk, and the parameter points there again;
 // throws std::runtime_error for another shape or dtype.
 void rebind_param_if_replaced(ChunkManager& chunks, ManagedParam& managed);
-bool same_layout(const at::Tensor& a, const at::Tensor& b);  // sizes, strides, dtype, device
+bool same_layout(const at::TensorBase& a,
+                 const at::TensorBase& b);  // sizes, strides, dtype, device
+// "managed parameter 'name' (Float 3x3 -> Double 3x3)", for errors.
+std::string describe_layout_change(ChunkManager& chunks, const ManagedParam& managed,
+                                   const at::TensorBase& new_data);
 void stop_rebinding_after_accumulation(ManagedParam& managed);
 // If autograd replaced param.grad with a tensor of its own (set-to-none
 // zero_grad, then backward), copies it into the grad chunk and binds the

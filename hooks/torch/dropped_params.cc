@@ -17,8 +17,9 @@
 // The bridge sweeps at its own entry points, never from an op: step() (every
 // Python optimizer's step calls it), manage, unmanage and memory_stats_json.
 // A C++ program that destroys a model without calling any of them keeps its
-// chunks until it does. A parameter whose data set_data replaced is left to
-// the rebinding at the step boundary (Note [set_data on a managed parameter]).
+// chunks until it does. A parameter whose storage was replaced and not
+// rebound (set_ with data of another layout) is left to the step boundary
+// (Note [set_data on a managed parameter]).
 #include <cstddef>
 #include <cstdint>
 #include <memory>

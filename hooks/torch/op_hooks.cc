@@ -25,6 +25,9 @@
 //  - Note [Set-to-none zero_grad] (grad_binding.cc): when an op uses
 //    a managed parameter whose param.grad autograd replaced, the fresh
 //    gradient is copied into its grad chunk first.
+//  - After `param.set_(t)` (torch::load into a module), new data of the
+//    parameter's layout goes into its chunk (Note [set_ on a managed
+//    parameter] below).
 //  - Note [Traced ops]: when the `trace` option is set (Runtime::op_tracer()
 //    non-null), an op with managed inputs is bracketed by op_begin before its
 //    acquires and op_end after its releases (Note [Op events] in
@@ -48,6 +51,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -133,7 +137,50 @@ struct OpAcquisitions final : at::ObserverContext {
   c10::SmallVector<std::pair<TensorId, Stream>, 4> acquired;
   std::optional<TracedOp> traced;  // Note [Traced ops]
   std::size_t enclosing_held = 0;  // t_held_by_enclosing_ops's size before this op
+  // Note [set_ on a managed parameter]: the parameter this op is set_ on.
+  std::shared_ptr<ManagedParam> set_on;
 };
+
+// Note [set_ on a managed parameter]
+// `param.set_(t)` gives the parameter t's storage; torch::load into an existing
+// module does it for every parameter (InputArchive::read). Unlike set_data
+// (Note [set_data on a managed parameter, at the call], set_data_hook.cc) it
+// is an op, so the op hook sees it: once it has run, new data of the
+// parameter's layout goes into the chunk and the parameter points there
+// again. An op cannot be refused (a hook cannot fail it), so new data of
+// another layout stays the parameter's own, and the step boundary raises
+// (Note [set_data on a managed parameter] in param_rebinding.cc).
+std::shared_ptr<ManagedParam> set_on_managed_param(
+    const at::RecordFunction& fn, const c10::SmallVector<ManagedInput, 4>& managed) {
+  const c10::ArrayRef<const c10::IValue> inputs = fn.inputs();
+  if (inputs.empty() || !inputs[0].isTensor() || std::strcmp(fn.name(), "aten::set_") != 0)
+    return nullptr;
+  const c10::TensorImpl* self = inputs[0].toTensor().unsafeGetTensorImpl();
+  for (const ManagedInput& input : managed) {
+    const std::shared_ptr<ManagedParam>& param = input.binding.managed;
+    if (input.binding.kind == TensorKind::param && param != nullptr &&
+        param->param.unsafeGetTensorImpl() == self)
+      return param;
+  }
+  return nullptr;
+}
+
+void rebind_after_set(const at::RecordFunction& fn, ChunkManager& chunks, ManagedParam& managed) {
+  if (!managed.param.has_storage() || !same_layout(managed.param, managed.bound_param)) {
+    SPILLWAY_LOG(warn,
+                 "op {}: a managed parameter was given data of another layout; it keeps that data "
+                 "outside its chunk, and spillway::step() raises",
+                 fn.name());
+    return;
+  }
+  try {
+    rebind_param_if_replaced(chunks, managed);
+  } catch (const std::exception& e) {
+    // Nothing is lost: the parameter keeps the new data; the step boundary tries again.
+    SPILLWAY_LOG(warn, "op {}: {}; the parameter keeps its new data until the step", fn.name(),
+                 e.what());
+  }
+}
 
 // Note [An op never runs on bytes that are not resident].
 [[noreturn]] void stop_before_op(const at::RecordFunction& fn, const std::string& why) {
@@ -256,6 +303,7 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
     t_held_by_enclosing_ops.push_back(tensor);
   chunks.note_working_set(t_held_by_enclosing_ops, fn.name());
   if (overrun_bytes > 0) warn_overrun(fn, overrun_bytes, chunks);
+  acquisitions->set_on = set_on_managed_param(fn, managed);
   return acquisitions;
 }
 
@@ -271,6 +319,7 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext* context) {
       SPILLWAY_LOG(error, "op {}: releasing a managed input failed: {}", fn.name(),
                    ChunkManager::last_error());
   }
+  if (acquisitions->set_on != nullptr) rebind_after_set(fn, chunks, *acquisitions->set_on);
   if (const std::optional<TracedOp>& op = acquisitions->traced) {
     OpGpuTiming& gpu_timing = OpGpuTiming::process();
     if (gpu_timing.recording()) gpu_timing.pop_op();

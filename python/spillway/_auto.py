@@ -17,8 +17,9 @@ install() before any user code runs. From then on:
   is spillway.manage(root): every parameter and buffer of the tree, frozen
   ones included, as they are at that moment. What .to(), .half(),
   .double() or `param.data = ...` did before is therefore already there;
-  set_data on a managed parameter later is noticed at the step boundary
-  (Note [set_data on a managed parameter], hooks/torch/param_rebinding.cc).
+  set_data on a managed parameter later goes into its chunk at the call
+  (Note [set_data on a managed parameter, at the call],
+  hooks/torch/set_data_hook.cc).
   One root is one chunk-manager client, named after its class.
 - A parameter an optimizer receives that no module owns is adopted on its
   own, in a client named after the optimizer's class.

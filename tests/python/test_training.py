@@ -148,6 +148,47 @@ def test_batch_norm_running_statistics_are_managed_and_bit_identical():
         assert torch.equal(expected, buffer), f"buffer {index} differs after unmanage"
 
 
+def test_param_data_assigned_mid_run_goes_into_the_chunk_at_once():
+    """`param.data = t` on a managed parameter (Note [set_data on a managed
+    parameter, at the call]): data of its layout is in the chunk as soon as
+    the assignment returns, and training stays bit-identical; data of another
+    shape is refused, leaving the parameter as it was."""
+    model = make_mlp(seed=14)
+    data = mlp_batches(15, STEPS)
+
+    def halve_first(first):
+        with torch.no_grad():
+            first.data = first.detach() * 0.5
+
+    with plain_torch():
+        plain = copy.deepcopy(model)
+        plain_adam = torch.optim.Adam(plain.parameters(), lr=1e-3)
+        plain_losses = []
+        for step, batch in enumerate(data):
+            plain_losses.append(train_step(plain, plain_adam, batch))
+            if step == 1:
+                halve_first(next(plain.parameters()))
+        plain_params = parameters_copy(plain)
+    use_budget_for((model, 2))
+    spillway.manage(model)
+    adam = torch.optim.Adam(model.parameters(), lr=1e-3)
+    first = next(model.parameters())
+    losses = []
+    for step, batch in enumerate(data):
+        losses.append(train_step(model, adam, batch))
+        if step == 1:
+            halve_first(first)
+            assert spillway._C._is_managed(first), "the new data stayed outside the chunk"
+            before = first.detach().clone()
+            with pytest.raises(RuntimeError, match="nothing was changed"):
+                first.data = torch.zeros(3, 3)
+            assert spillway._C._is_managed(first) and torch.equal(first, before)
+    with plain_torch():
+        assert_same(plain_losses, losses, plain_params, model)
+    use_budget_for((model, 4))
+    spillway.unmanage(model)
+
+
 def deep_mlp(seed):
     """Eight linear layers: most of its chunks stay evicted under use_budget_for((model, 1))."""
     torch.manual_seed(seed)

@@ -6,18 +6,24 @@
 // the stats must show that chunks moved.
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
@@ -178,7 +184,17 @@ struct TrainingSetup {
   // its layout with set_data, in both runs (Note [set_data on a managed
   // parameter] in hooks/torch/param_rebinding.cc).
   int set_data_after = -1;
+  // The plain run: after this step (-1: never), torch::save of the model and
+  // the optimizer into checkpoint_dir. Both runs: after load_after,
+  // torch::load of what the plain run saved.
+  int save_after = -1;
+  int load_after = -1;
+  std::string checkpoint_dir;
 };
+
+std::string checkpoint_path(const std::string& dir, const std::string& what) {
+  return dir + "/" + what + ".pt";
+}
 
 struct TrainingResult {
   std::vector<torch::Tensor> losses;
@@ -192,6 +208,7 @@ struct TrainingResult {
   // Managed runs: whether each parameter's storage is still in a chunk at
   // the end (set_data's new data included).
   std::vector<bool> params_in_chunks;
+  std::uint64_t evictions_before_load = 0;  // managed runs that load
 };
 
 std::uint64_t stat(const std::string& key) {
@@ -257,6 +274,17 @@ class Training {
         halved = first.detach() * 0.5;
       }
       first.set_data(halved);
+    }
+    if (!managed_ && step == setup_.save_after) {
+      torch::save(model_.module, checkpoint_path(setup_.checkpoint_dir, "model"));
+      torch::save(*optimizer_, checkpoint_path(setup_.checkpoint_dir, "optimizer"));
+    }
+    if (step == setup_.load_after) {
+      if (managed_) result_.evictions_before_load = stat("evictions");
+      // Module::load gives each parameter the loaded storage with set_ (Note
+      // [set_ on a managed parameter]).
+      torch::load(model_.module, checkpoint_path(setup_.checkpoint_dir, "model"));
+      torch::load(*optimizer_, checkpoint_path(setup_.checkpoint_dir, "optimizer"));
     }
     if (managed_ && step == setup_.unmanage_after) {
       spillway::unmanage(*model_.module);
@@ -455,12 +483,71 @@ TEST(TorchBridgeTraining, NewDataOfTheSameLayoutGoesBackIntoTheChunk) {
   expect_bit_identical(setup);
 }
 
-TEST(TorchBridgeTraining, NewDataOfAnotherShapeIsAnErrorAtTheStepBoundary) {
+// After step 0, `replace` gives the first parameter new data of its layout
+// (half its values): the values are in its chunk at once, with no step
+// boundary in between, and training goes on from them.
+void expect_new_data_in_the_chunk_at_once(
+    const std::function<void(torch::Tensor& param, const torch::Tensor& data)>& replace) {
   const TrainingSetup setup = adam_setup();  // Training keeps a reference
   Training run(setup, /*managed=*/true);
   run.run_step(0);
   torch::Tensor first = run.module().parameters().front();
-  first.set_data(torch::zeros({3, 3}));
+  torch::Tensor halved;
+  {
+    torch::NoGradGuard no_grad;  // set_ on a leaf that requires grad
+    halved = first.detach() * 0.5;
+    replace(first, halved);
+  }
+  const torch::Tensor expected = halved.clone();
+  EXPECT_TRUE(spillway::is_managed(first)) << "the parameter left its chunk";
+  EXPECT_NE(first.storage().unsafeGetStorageImpl(), halved.storage().unsafeGetStorageImpl());
+  EXPECT_TRUE(torch::equal(first, expected));
+  run.run_step(1);
+  EXPECT_TRUE(spillway::is_managed(first));
+}
+
+// Note [set_data on a managed parameter, at the call].
+TEST(TorchBridgeTraining, SetDataOfTheSameLayoutGoesIntoTheChunkAtTheCall) {
+  expect_new_data_in_the_chunk_at_once(
+      [](torch::Tensor& param, const torch::Tensor& data) { param.set_data(data); });
+}
+
+// Note [set_ on a managed parameter]: right after the op.
+TEST(TorchBridgeTraining, SetOfTheSameLayoutGoesIntoTheChunkAfterTheOp) {
+  expect_new_data_in_the_chunk_at_once(
+      [](torch::Tensor& param, const torch::Tensor& data) { param.set_(data); });
+}
+
+TEST(TorchBridgeTraining, SetDataOfAnotherShapeIsRefusedAndChangesNothing) {
+  const TrainingSetup setup = adam_setup();  // Training keeps a reference
+  Training run(setup, /*managed=*/true);
+  run.run_step(0);
+  torch::Tensor first = run.module().parameters().front();
+  const torch::Tensor before = first.detach().clone();
+  try {
+    first.set_data(torch::zeros({3, 3}));
+    FAIL() << "set_data accepted new data of another shape";
+  } catch (const std::runtime_error& error) {
+    EXPECT_NE(std::string(error.what()).find("nothing was changed"), std::string::npos)
+        << error.what();
+    EXPECT_NE(std::string(error.what()).find("Unmanage"), std::string::npos) << error.what();
+  }
+  EXPECT_TRUE(spillway::is_managed(first));
+  EXPECT_TRUE(torch::equal(first, before));
+  run.run_step(1);  // trains on
+}
+
+// set_ is an op, which a hook cannot refuse: the parameter keeps data of
+// another layout until the step boundary raises.
+TEST(TorchBridgeTraining, SetOfAnotherShapeIsAnErrorAtTheStepBoundary) {
+  const TrainingSetup setup = adam_setup();  // Training keeps a reference
+  Training run(setup, /*managed=*/true);
+  run.run_step(0);
+  torch::Tensor first = run.module().parameters().front();
+  {
+    torch::NoGradGuard no_grad;
+    first.set_(torch::zeros({3, 3}));
+  }
   auto steps = [] {
     return nlohmann::json::parse(spillway::memory_stats_json()).at("policy").at("steps").get<int>();
   };
@@ -594,6 +681,24 @@ TEST(TorchBridgeTraining, ActorAndCriticInterleavedMatchTheirSoloRuns) {
   EXPECT_GT(stat("evictions"), 0u);
 }
 
+// The actor and the critic, managed, a step of each in turn under one budget.
+// `before_finish` runs after the last step, before finish() reads the
+// parameters (reads that depart from the step).
+std::pair<TrainingResult, TrainingResult> train_in_turns(
+    const TrainingSetup& actor, const TrainingSetup& critic,
+    const std::function<void()>& before_finish = [] {}) {
+  Training actor_run(actor, /*managed=*/true);
+  Training critic_run(critic, /*managed=*/true);
+  Training::set_budget_for({&actor_run, &critic_run});
+  for (int step = 0; step < kSteps; ++step) {
+    actor_run.run_step(step);
+    critic_run.run_step(step);
+  }
+  before_finish();
+  TrainingResult actor_result = actor_run.finish();
+  return {std::move(actor_result), critic_run.finish()};
+}
+
 // Issue 16, item 2: stock torch::optim optimizers and a plain loop that never
 // calls spillway::step(). The two models' accesses repeat each step, so
 // policy:planned finds the step in them and follows it; both stay
@@ -612,22 +717,17 @@ TEST(TorchBridgeTraining, TwoModelsThatNeverMarkAStepAreFollowedAndMatchTheirSol
   const TrainingResult actor_solo = train(actor, /*managed=*/false);
   const TrainingResult critic_solo = train(critic, /*managed=*/false);
 
-  Training actor_run(actor, /*managed=*/true);
-  Training critic_run(critic, /*managed=*/true);
-  Training::set_budget_for({&actor_run, &critic_run});
-  for (int step = 0; step < kSteps; ++step) {
-    actor_run.run_step(step);
-    critic_run.run_step(step);
-  }
-  // Before finish(), whose reads of the parameters depart from the step.
-  const nlohmann::json policy = nlohmann::json::parse(spillway::memory_stats_json()).at("policy");
+  nlohmann::json policy;
+  const auto [actor_managed, critic_managed] = train_in_turns(actor, critic, [&policy] {
+    policy = nlohmann::json::parse(spillway::memory_stats_json()).at("policy");
+  });
   {
     SCOPED_TRACE("actor");
-    expect_same_results(actor_solo, actor_run.finish());
+    expect_same_results(actor_solo, actor_managed);
   }
   {
     SCOPED_TRACE("critic");
-    expect_same_results(critic_solo, critic_run.finish());
+    expect_same_results(critic_solo, critic_managed);
   }
   EXPECT_GT(stat("evictions"), 0u);
   if (policy.at("name") != "planned") return;
@@ -640,6 +740,69 @@ TEST(TorchBridgeTraining, TwoModelsThatNeverMarkAStepAreFollowedAndMatchTheirSol
   // (A loop found inside the first steps may have been followed and departed
   // from first: divergences are not asserted.)
   EXPECT_GT(policy.at("detected_period").get<int>(), 0) << policy.dump();
+}
+
+// A directory of its own under the test's temporary directory, made with
+// mkdtemp, not std::filesystem: libtorch.so carries std::filesystem symbols of
+// its own, which the dynamic linker may bind to (remove_all faults).
+class CheckpointDirectory {
+ public:
+  CheckpointDirectory() : path_(testing::TempDir() + "spillway_checkpoint_XXXXXX") {
+    if (mkdtemp(path_.data()) == nullptr)
+      throw std::runtime_error(std::string("mkdtemp: ") + std::strerror(errno));
+  }
+  ~CheckpointDirectory() {
+    for (const char* run : {"actor", "critic"}) {
+      for (const char* what : {"model", "optimizer"})
+        std::remove(checkpoint_path(path_ + "/" + run, what).c_str());
+      rmdir((path_ + "/" + run).c_str());
+    }
+    rmdir(path_.c_str());
+  }
+  std::string subdirectory(const std::string& name) const {
+    const std::string path = path_ + "/" + name;
+    mkdir(path.c_str(), 0700);
+    return path;
+  }
+
+ private:
+  std::string path_;
+};
+
+// Issue 16, item 4, in C++: the program of the test above (two models, stock
+// torch::optim optimizers, no step marks) loads a checkpoint mid-run with
+// torch::load, most chunks evicted, under strict_residency: the loaded values
+// go into the managed modules' chunks (Note [set_ on a managed parameter]),
+// and both runs stay bit-identical to their solo runs without spillway. The
+// checkpoint is the plain run's torch::save of the same step. (torch::save of
+// a managed module reads a CPU tensor's bytes with no op: on the sim device it
+// faults on an evicted chunk under strict_residency, and may read a host copy
+// whose write-back is still in flight without it; docs/torch-bridge.md.)
+TEST(TorchBridgeCheckpoint, LoadedMidRunWithChunksEvictedAsWithoutSpillway) {
+  const CheckpointDirectory directory;
+  TrainingSetup actor = adam_setup();
+  TrainingSetup critic = sgd_momentum_setup();
+  critic.model_seed = 2;
+  critic.data_seed = 3;
+  actor.save_after = 1;
+  actor.load_after = 3;  // back to step 1's values
+  actor.checkpoint_dir = directory.subdirectory("actor");
+  critic.save_after = 2;
+  critic.load_after = 4;
+  critic.checkpoint_dir = directory.subdirectory("critic");
+  for (TrainingSetup* setup : {&actor, &critic}) setup->mark_steps = false;
+
+  const TrainingResult actor_solo = train(actor, /*managed=*/false);
+  const TrainingResult critic_solo = train(critic, /*managed=*/false);
+  const auto [actor_managed, critic_managed] = train_in_turns(actor, critic);
+  for (auto [name, solo, managed] : {std::tuple{"actor", &actor_solo, &actor_managed},
+                                     std::tuple{"critic", &critic_solo, &critic_managed}}) {
+    SCOPED_TRACE(name);
+    expect_same_results(*solo, *managed);
+    EXPECT_GT(managed->evictions_before_load, 0u) << "nothing was evicted before the load";
+    for (std::size_t i = 0; i < managed->params_in_chunks.size(); ++i)
+      EXPECT_TRUE(managed->params_in_chunks[i]) << "parameter " << i << " left its chunk";
+  }
 }
 
 // A read fault kills the process with SIGSEGV, except under ASan, which
