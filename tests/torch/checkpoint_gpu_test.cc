@@ -1,0 +1,76 @@
+// torch::save of a managed module on a GPU, mid-run, chunks evicted, under
+// strict_residency (issue 16, item 4). LibTorch's serializer copies each CUDA
+// tensor to the host with an op (getWriteableTensorData: set_ over the
+// storage, then .cpu()), which the op hook fetches, so the file holds the
+// true values. On the sim device the same read has no op (docs/torch-bridge.md,
+// "Checkpoints in C++"). Skips where torch sees no usable GPU.
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <sstream>
+#include <vector>
+
+#include <torch/torch.h>
+#include <nlohmann/json.hpp>
+
+#include "allocator/runtime.h"
+#include "hooks/torch/spillway_torch.h"
+
+namespace {
+
+constexpr std::int64_t kWidth = 1024;  // 4 MiB of fp32 weights a layer
+constexpr int kLayers = 12;
+constexpr std::int64_t kBatch = 16;
+
+std::int64_t spillway_figure(const char* key) {
+  return nlohmann::json::parse(spillway::memory_stats_json()).at(key).get<std::int64_t>();
+}
+
+torch::nn::Sequential make_mlp() {
+  torch::nn::Sequential mlp;
+  for (int layer = 0; layer < kLayers; ++layer) {
+    mlp->push_back(torch::nn::Linear(kWidth, kWidth));
+    mlp->push_back(torch::nn::Tanh());
+  }
+  return mlp;
+}
+
+TEST(TorchCheckpointOnGpu, SavedMidRunWithChunksEvictedHoldsTheTrueValues) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no usable GPU (torch::cuda::is_available)";
+  spillway::configure("device:cuda,strict_residency:true,chunk_size:8MiB,device_budget:256MiB");
+  spillway::use_as_torch_cuda_allocator();
+  torch::manual_seed(0);
+  torch::nn::Sequential mlp = make_mlp();
+  mlp->to(torch::kCUDA);  // whole on the device first, as a script has it
+  spillway::manage(*mlp);
+  // About 48 MiB of parameters and as much gradient in 8 MiB chunks, under a
+  // 40 MiB budget shared with the activations: most chunks are evicted.
+  spillway::Runtime::process().active_allocator()->set_budget_bytes(std::size_t{40} << 20);
+  torch::optim::SGD sgd(mlp->parameters(), torch::optim::SGDOptions(1e-2));
+  for (int step = 0; step < 3; ++step) {
+    sgd.zero_grad();
+    const torch::Tensor input = torch::randn({kBatch, kWidth}, torch::kCUDA);
+    torch::mse_loss(mlp->forward(input), torch::zeros({kBatch, kWidth}, torch::kCUDA)).backward();
+    sgd.step();
+  }
+  ASSERT_GT(spillway_figure("evictions"), 0);
+  ASSERT_LT(spillway_figure("chunk_bytes.device"), spillway_figure("chunk_bytes.capacity"))
+      << "every chunk was resident when the checkpoint was saved";
+
+  std::stringstream saved;
+  torch::save(mlp, saved);
+  // The true values, each copied out through an op.
+  std::vector<torch::Tensor> expected;
+  for (const torch::Tensor& param : mlp->parameters()) expected.push_back(param.detach().cpu());
+
+  torch::nn::Sequential loaded = make_mlp();
+  torch::load(loaded, saved, torch::Device(torch::kCPU));
+  const std::vector<torch::Tensor> params = loaded->parameters();
+  ASSERT_EQ(params.size(), expected.size());
+  for (std::size_t i = 0; i < params.size(); ++i)
+    EXPECT_TRUE(torch::equal(params[i], expected[i])) << "parameter " << i << " differs";
+  spillway::unmanage(*mlp);
+}
+
+}  // namespace
