@@ -67,6 +67,14 @@ BindingTable& binding_table() {
   return *table;
 }
 
+std::shared_ptr<ManagedParam> managed_param_bound_to(const at::TensorBase& tensor) {
+  if (binding_table().empty() || !tensor.defined() || !tensor.has_storage()) return nullptr;
+  std::optional<Binding> binding = binding_table().find(tensor.storage().unsafeGetStorageImpl());
+  if (!binding || binding->kind != TensorKind::param || binding->managed == nullptr) return nullptr;
+  if (binding->managed->param.unsafeGetTensorImpl() != tensor.unsafeGetTensorImpl()) return nullptr;
+  return binding->managed;
+}
+
 ChunkManager& active_chunk_manager() {
   Runtime& runtime = Runtime::process();
   std::string error;

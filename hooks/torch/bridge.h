@@ -102,6 +102,11 @@ void point_storage_at(c10::StorageImpl& storage, void* address, c10::Device devi
 // process runtime lives forever] in allocator/runtime.h applies here too).
 BindingTable& binding_table();
 
+// The managed parameter whose TensorImpl `tensor` is, while its storage is the
+// chunk-bound one; null otherwise (another tensor over it, or set_data/set_
+// gave it another storage).
+std::shared_ptr<ManagedParam> managed_param_bound_to(const at::TensorBase& tensor);
+
 // The process's chunk manager, activating spillway if needed; throws
 // std::runtime_error when activation fails. Installs the observer and the op
 // hooks on first call.

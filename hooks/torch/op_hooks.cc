@@ -150,33 +150,20 @@ struct OpAcquisitions final : at::ObserverContext {
 // again. An op cannot be refused (a hook cannot fail it), so new data of
 // another layout stays the parameter's own, and the step boundary raises
 // (Note [set_data on a managed parameter] in param_rebinding.cc).
-std::shared_ptr<ManagedParam> set_on_managed_param(
-    const at::RecordFunction& fn, const c10::SmallVector<ManagedInput, 4>& managed) {
+std::shared_ptr<ManagedParam> set_on_managed_param(const at::RecordFunction& fn) {
   const c10::ArrayRef<const c10::IValue> inputs = fn.inputs();
   if (inputs.empty() || !inputs[0].isTensor() || std::strcmp(fn.name(), "aten::set_") != 0)
     return nullptr;
-  const c10::TensorImpl* self = inputs[0].toTensor().unsafeGetTensorImpl();
-  for (const ManagedInput& input : managed) {
-    const std::shared_ptr<ManagedParam>& param = input.binding.managed;
-    if (input.binding.kind == TensorKind::param && param != nullptr &&
-        param->param.unsafeGetTensorImpl() == self)
-      return param;
-  }
-  return nullptr;
+  return managed_param_bound_to(inputs[0].toTensor());
 }
 
+// Another layout: rebind_param_if_replaced throws, naming the parameter.
 void rebind_after_set(const at::RecordFunction& fn, ChunkManager& chunks, ManagedParam& managed) {
-  if (!managed.param.has_storage() || !same_layout(managed.param, managed.bound_param)) {
-    SPILLWAY_LOG(warn,
-                 "op {}: a managed parameter was given data of another layout; it keeps that data "
-                 "outside its chunk, and spillway::step() raises",
-                 fn.name());
-    return;
-  }
   try {
     rebind_param_if_replaced(chunks, managed);
   } catch (const std::exception& e) {
-    // Nothing is lost: the parameter keeps the new data; the step boundary tries again.
+    // Nothing is lost: the parameter keeps the new data, which ops use as
+    // torch would; spillway::step() tries again and raises.
     SPILLWAY_LOG(warn, "op {}: {}; the parameter keeps its new data until the step", fn.name(),
                  e.what());
   }
@@ -303,7 +290,7 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
     t_held_by_enclosing_ops.push_back(tensor);
   chunks.note_working_set(t_held_by_enclosing_ops, fn.name());
   if (overrun_bytes > 0) warn_overrun(fn, overrun_bytes, chunks);
-  acquisitions->set_on = set_on_managed_param(fn, managed);
+  acquisitions->set_on = set_on_managed_param(fn);
   return acquisitions;
 }
 

@@ -34,15 +34,6 @@ namespace spillway::torch_bridge {
 
 namespace {
 
-// The managed parameter whose TensorImpl `self` is, while bound to its chunk.
-std::shared_ptr<ManagedParam> bound_managed_param(const at::TensorBase& self) {
-  if (binding_table().empty() || !self.defined() || !self.has_storage()) return nullptr;
-  std::optional<Binding> binding = binding_table().find(self.storage().unsafeGetStorageImpl());
-  if (!binding || binding->kind != TensorKind::param || binding->managed == nullptr) return nullptr;
-  if (binding->managed->param.unsafeGetTensorImpl() != self.unsafeGetTensorImpl()) return nullptr;
-  return binding->managed;
-}
-
 void refuse_another_layout(ChunkManager& chunks, const ManagedParam& managed,
                            const at::TensorBase& new_data) {
   if (same_layout(new_data, managed.bound_param)) return;
@@ -60,7 +51,7 @@ class RebindingVariableHooks final : public at::impl::VariableHooksInterface {
       : torch_(torch_hooks) {}
 
   void set_data(const at::TensorBase& self, const at::TensorBase& new_data) const override {
-    const std::shared_ptr<ManagedParam> managed = bound_managed_param(self);
+    const std::shared_ptr<ManagedParam> managed = managed_param_bound_to(self);
     if (managed == nullptr) return torch_->set_data(self, new_data);
     ChunkManager& chunks = active_chunk_manager();
     refuse_another_layout(chunks, *managed, new_data);
