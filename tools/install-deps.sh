@@ -23,6 +23,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libfmt-dev nlohmann-json3-dev libcli11-dev
   googletest libgtest-dev libgmock-dev libbenchmark-dev
+  libgloo-dev  # headers only: torch's Gloo backend for the data parallel tests (its library is inside torch)
   python3-dev python3-venv  # the interpreter the environment is made from, and its headers
   chromium  # tests/report: the HTML report rendered headless (ctest -L browser)
 )

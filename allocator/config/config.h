@@ -23,6 +23,9 @@ enum class EvictionPolicyKind { planned, lru, static_residency };
 enum class LogLevel { error = 0, warn = 1, info = 2, debug = 3 };
 // Who puts a Python script's models into chunks (docs/python.md, "manage:auto").
 enum class ManageMode { automatic, explicit_calls };
+// How the torch bridge joins a data-parallel group (docs/data-parallel.md):
+// not at all, or from torchrun's environment.
+enum class DistMode { off, env };
 
 // A byte count given either absolutely or as a fraction of some total
 // (device memory for device_budget, physical RAM for host_budget).
@@ -44,6 +47,7 @@ struct Config {
   int warmup_steps = 1;
   bool prefetch = true;
   ManageMode manage = ManageMode::automatic;  // acted on by the Python start-up hook only
+  DistMode dist = DistMode::off;              // acted on by the torch bridge's manage()
   std::string trace;                          // empty: write no trace file
   CuptiMode cupti = CuptiMode::auto_select;
   bool strict_residency = false;
@@ -101,5 +105,6 @@ std::string_view to_string(EvictionPolicyKind);
 std::string_view to_string(CuptiMode);
 std::string_view to_string(LogLevel);
 std::string_view to_string(ManageMode);
+std::string_view to_string(DistMode);
 
 }  // namespace spillway

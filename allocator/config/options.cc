@@ -106,6 +106,10 @@ constexpr std::array<std::pair<std::string_view, ManageMode>, 2> kManageNames{{
     {"auto", ManageMode::automatic},
     {"explicit", ManageMode::explicit_calls},
 }};
+constexpr std::array<std::pair<std::string_view, DistMode>, 2> kDistNames{{
+    {"off", DistMode::off},
+    {"env", DistMode::env},
+}};
 constexpr std::array<std::pair<std::string_view, LogLevel>, 4> kLogNames{{
     {"error", LogLevel::error},
     {"warn", LogLevel::warn},
@@ -152,7 +156,7 @@ constexpr int kMaxWarmupSteps = 1000;
 #define SPILLWAY_BOOL_FORM "a boolean (true, false, 1, 0, on, off, yes, no)"
 
 // The table. Rows are in documentation order; docs/configuration.md mirrors it.
-const std::array<OptionRow, 15> kOptionRows{{
+const std::array<OptionRow, 16> kOptionRows{{
     {{"device", "auto", "auto, cuda or sim",
       "device backend; auto picks cuda when a GPU is usable, else sim with a warning"},
      [](std::string_view value, Config& config) {
@@ -241,6 +245,16 @@ const std::array<OptionRow, 15> kOptionRows{{
        return mode.has_value();
      },
      [](const Config& config) { return std::string(to_string(config.manage)); }},
+
+    {{"dist", "off", "off or env",
+      "env: train data parallel in the group torchrun's environment describes (RANK, "
+      "WORLD_SIZE, MASTER_ADDR, MASTER_PORT), joined at the first manage"},
+     [](std::string_view value, Config& config) {
+       auto mode = parse_enum(value, kDistNames);
+       if (mode) config.dist = *mode;
+       return mode.has_value();
+     },
+     [](const Config& config) { return std::string(to_string(config.dist)); }},
 
     {{"trace", "", "a file path without ',' (empty: no trace)", "path of the trace file to write"},
      [](std::string_view value, Config& config) {
@@ -408,6 +422,7 @@ std::string_view to_string(EvictionPolicyKind policy) {
 }
 std::string_view to_string(CuptiMode mode) { return detail::enum_name(mode, detail::kCuptiNames); }
 std::string_view to_string(LogLevel level) { return detail::enum_name(level, detail::kLogNames); }
+std::string_view to_string(DistMode mode) { return detail::enum_name(mode, detail::kDistNames); }
 std::string_view to_string(ManageMode mode) {
   return detail::enum_name(mode, detail::kManageNames);
 }

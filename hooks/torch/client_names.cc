@@ -38,6 +38,14 @@ void name_client(ClientId client, std::string name) {
   registry.names[client] = std::move(name);
 }
 
+std::string client_name(ClientId client) {
+  ClientNames& registry = client_names();
+  std::lock_guard lock(registry.mutex);
+  const auto found = registry.names.find(client);
+  if (found != registry.names.end()) return found->second;
+  return "client " + std::to_string(static_cast<std::uint32_t>(client));
+}
+
 std::string add_client_stats(const std::string& stats_json, const ChunkManager& chunks) {
   std::map<ClientId, std::string> names;
   {

@@ -15,6 +15,8 @@ std::string unique_client_name(const std::string& kind);
 
 // Remembers the name the bridge gave a client it added.
 void name_client(ClientId client, std::string name);
+// The name the bridge gave `client`; "client <id>" when it gave none.
+std::string client_name(ClientId client);
 
 // `stats_json` (a JSON object) with a "clients" object added: for each named
 // client that still holds chunks, its chunk_bytes.device|host,

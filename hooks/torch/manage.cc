@@ -20,6 +20,7 @@
 #include "allocator/config/format_bytes.h"
 #include "hooks/torch/bridge.h"
 #include "hooks/torch/client_names.h"
+#include "hooks/torch/data_parallel.h"
 #include "hooks/torch/op_gpu_timing.h"
 #include "hooks/torch/spillway_torch.h"
 
@@ -81,6 +82,7 @@ void manage_params(const std::vector<std::pair<std::string, torch::Tensor>>& nam
     fresh.emplace_back(name, param);
   }
   if (fresh.empty()) return;
+  torch_bridge::join_group_from_environment_if_configured();  // dist:env
   const std::string client_name = torch_bridge::unique_client_name(kind);
   const ClientId client = chunks.add_client(client_name);
   torch_bridge::name_client(client, client_name);
@@ -114,6 +116,7 @@ void manage_params(const std::vector<std::pair<std::string, torch::Tensor>>& nam
       torch_bridge::rebind_after_accumulation(managed);
     }
   }
+  torch_bridge::join_data_parallel(chunks, client);  // Note [Data parallel over chunk groups]
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> unnamed(std::vector<torch::Tensor> params) {
@@ -271,6 +274,9 @@ void step() {
       torch_bridge::rebind_grad_if_replaced(chunks, *managed);
     }
   }
+  // Note [Data parallel over chunk groups]: after the owners' optimizer step.
+  if (!binding_table().empty())
+    torch_bridge::gather_owned_parameters(torch_bridge::active_chunk_manager());
   runtime.chunk_manager().end_step();
   torch_bridge::OpGpuTiming::process().on_step_end();
   if (rebinding_failed) std::rethrow_exception(rebinding_failed);

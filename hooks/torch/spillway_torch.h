@@ -24,6 +24,7 @@
 #include <vector>
 
 #include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 namespace spillway {
 
@@ -93,6 +94,32 @@ void check_budget_fits_ops();
 // Throws std::runtime_error when tracing is off or a file cannot be read or
 // written, std::invalid_argument when `path` is the live trace file itself.
 void dump_trace(const std::string& path);
+
+// --- Data parallel across ranks (docs/data-parallel.md) ------------------
+// Trains every managed model data parallel over `group`, a torch c10d process
+// group (Gloo on the CPU): each rank owns whole parameter chunks (rank r owns
+// chunk r of each group of world-size chunks), gradients are reduced to their
+// owners, the optimizer steps what this rank owns, and step() gives every
+// rank the owners' new values. A collective, as is manage() while a group is
+// set: every rank calls them in the same order with the same models. Compares
+// the layouts of what is managed across ranks (throws std::runtime_error
+// naming the first parameter that differs) and gives every rank the owners'
+// values. A null group ends data parallel training.
+void set_process_group(c10::intrusive_ptr<c10d::ProcessGroup> group);
+// Between backward and the optimizer step, on every rank: each owned
+// parameter's gradient becomes the mean over the ranks (summed in rank
+// order, in fp32); every other gradient is set to none, so any optimizer
+// steps only what this rank owns. A parameter no rank reached keeps no
+// gradient. Call it once per optimizer step, after the last micro-batch's
+// backward when accumulating. Nothing without a group.
+void reduce_gradients();
+// As above, for the models that hold one of `params` only (an optimizer's:
+// Python's optimizers call it before each step, so that two models with two
+// optimizers are each reduced once, before their own step).
+void reduce_gradients(const std::vector<torch::Tensor>& params);
+// This process's rank and the group's size; 0 and 1 without a group.
+int data_parallel_rank();
+int data_parallel_world_size();
 
 }  // namespace spillway
 

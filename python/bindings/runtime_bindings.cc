@@ -122,6 +122,21 @@ void bind_runtime(py::module_& module) {
   module.def("dump_trace", &spillway::dump_trace, py::arg("path"),
              py::call_guard<py::gil_scoped_release>());
   module.def("step", &spillway::step, py::call_guard<py::gil_scoped_release>());
+  // Note [Data parallel over chunk groups] (hooks/torch/data_parallel.cc):
+  // torch.distributed's ProcessGroup, as torch's own bindings hold it.
+  module.def(
+      "set_process_group",
+      [](const py::object& group) {
+        c10::intrusive_ptr<c10d::ProcessGroup> held;
+        if (!group.is_none()) held = group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
+        py::gil_scoped_release release;
+        spillway::set_process_group(std::move(held));
+      },
+      py::arg("group"));
+  module.def("reduce_gradients",
+             py::overload_cast<const std::vector<torch::Tensor>&>(&spillway::reduce_gradients),
+             py::arg("params"), py::call_guard<py::gil_scoped_release>());
+  module.def("data_parallel_world_size", &spillway::data_parallel_world_size);
 }
 
 }  // namespace spillway::python

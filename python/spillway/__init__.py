@@ -22,7 +22,8 @@ import os
 import warnings
 
 import torch  # first: the extension links against torch's libraries
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                   register_optimizer_step_pre_hook)
 
 from . import _C
 from . import _auto
@@ -57,6 +58,23 @@ def _mark_step_after_optimizer(optimizer, args, kwargs):
 
 
 register_optimizer_step_post_hook(_mark_step_after_optimizer)
+
+
+# Note [Python optimizers reduce their gradients]
+# Data parallel (Note [Data parallel over chunk groups] in
+# hooks/torch/data_parallel.cc): before an optimizer's step, a global
+# pre-hook reduces the gradients of the models that hold its parameters to
+# their owners, so that the step updates what this rank owns and the
+# post-hook's spillway.step() spreads the new values. Per optimizer, so two
+# models with two optimizers (actor and critic) are each reduced once, after
+# their own backward; with gradient accumulation, after the last one. Nothing
+# happens without a process group.
+def _reduce_before_optimizer(optimizer, args, kwargs):
+    if _C.data_parallel_world_size() > 1:
+        _C.reduce_gradients([p for group in optimizer.param_groups for p in group["params"]])
+
+
+register_optimizer_step_pre_hook(_reduce_before_optimizer)
 
 
 def enable(conf=None):
@@ -114,7 +132,7 @@ def _named_parameters(module_or_params):
     return named
 
 
-def manage(module_or_params):
+def manage(module_or_params, process_group=None):
     """Moves parameters into spillway's chunks and binds their gradients there.
 
     Takes a torch.nn.Module (its parameters and buffers), or an iterable of
@@ -124,15 +142,36 @@ def manage(module_or_params):
     managed are skipped. Activates spillway if needed. state_dict() and
     torch.save then hold true values whatever is evicted (Note [Checkpoints
     of managed modules] in _checkpoint.py).
+
+    Data parallel (docs/data-parallel.md): with ``process_group``, or else
+    with torch.distributed initialized (its default group), the models train
+    data parallel across the group's ranks: each rank owns whole chunks,
+    every optimizer step reduces gradients to their owners first and gives
+    every rank the owners' new values after. Every rank must then manage the
+    same models in the same order; a rank whose layout differs raises
+    RuntimeError naming the first parameter that differs.
     """
     client = (type(module_or_params).__name__
               if isinstance(module_or_params, torch.nn.Module) else "torch")
-    _manage_as(module_or_params, client)
+    _manage_as(module_or_params, client, process_group)
 
 
-def _manage_as(module_or_params, client):
+def _join_process_group(process_group):
+    if process_group is None:
+        if _C.data_parallel_world_size() > 1:
+            return  # already set
+        import torch.distributed as dist
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        process_group = dist.distributed_c10d._get_default_group()
+    if process_group.size() > 1:
+        _C.set_process_group(process_group)
+
+
+def _manage_as(module_or_params, client, process_group=None):
     named = _named_parameters(module_or_params)
     _checkpoint.install()
+    _join_process_group(process_group)  # manage:auto's adoptions too
     _C.manage(named, client)
 
 

@@ -1,0 +1,287 @@
+// Data parallel training over torch's c10d process groups: gradients reduced
+// to their owners, parameters gathered from them.
+//
+// Note [Data parallel over chunk groups]
+// Each rank trains the same models on its own micro-batch. Ownership follows
+// the chunks (Note [Chunk groups across ranks] in rank_layout.cc): rank r
+// owns chunk r of each group of N parameter chunks.
+//  - reduce_gradients(): for each group, one all-to-all sends every rank's
+//    gradients of member j to rank j, in fp32; the owner sums them in rank
+//    order and divides by N, which is deterministic and is what the
+//    in-process oracle computes. The owner's gradient is that mean; on other
+//    ranks the gradient is set to none and its grad chunk discarded. Any
+//    optimizer then steps the owned parameters only, since torch's
+//    optimizers, and spillway's, skip a parameter without a gradient: the
+//    optimizer state exists on the owner alone. A parameter no rank reached
+//    this step stays without a gradient everywhere, as in torch; each
+//    parameter's flag travels beside its values.
+//  - step() (gather_owned_parameters): for each group, one all-gather of the
+//    owners' parameter bytes, padded to the group's largest member; every
+//    rank copies in what it does not own. Bytes, not values: nothing is
+//    rounded.
+//  - manage() and set_process_group() are collectives: they compare the
+//    layouts across ranks and give every rank the owners' values, as DDP's
+//    constructor broadcasts rank 0's.
+// Every collective is issued in the same order on every rank (clients in the
+// order they were added, groups in chunk order), from the layout all ranks
+// agreed on; never from local memory pressure or timing. Bytes move through
+// ordinary tensors with torch ops, so the op hooks fetch every chunk they
+// read or write, under strict residency too.
+#include "hooks/torch/data_parallel.h"
+
+#include <mutex>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "hooks/torch/collective_wait.h"
+#include "hooks/torch/rank_layout.h"
+#include "hooks/torch/spillway_torch.h"
+
+namespace spillway {
+
+namespace torch_bridge {
+
+namespace {
+
+struct DataParallelState {
+  std::mutex mutex;  // serialises the collectives: one sequence per process
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  std::uint64_t operations = 0;  // Note [A failed collective names the missing ranks]
+};
+
+DataParallelState& data_parallel() {
+  static DataParallelState* const state = new DataParallelState();  // never destroyed
+  return *state;
+}
+
+// A parameter's element count, and its bytes in logical order.
+std::int64_t elements(const ManagedParam& managed) { return managed.param.numel(); }
+std::int64_t bytes(const ManagedParam& managed) {
+  return managed.param.numel() * static_cast<std::int64_t>(managed.param.element_size());
+}
+
+// The parameter's values as bytes, in logical order (a copy when its
+// strides are not contiguous), and the reverse: `values` written into it.
+// Bytes, so nothing is rounded; a clone first, so the dtype view is aligned.
+at::Tensor bytes_of(const ManagedParam& managed) {
+  return managed.param.detach().contiguous().view({-1}).view(at::kByte);
+}
+void write_bytes(const ManagedParam& managed, const at::Tensor& values) {
+  managed.param.detach().copy_(
+      values.clone().view(managed.param.scalar_type()).view(managed.param.sizes()));
+}
+
+void gather_group(c10d::ProcessGroup& group, const ChunkGroup& chunk_group) {
+  const int world = group.getSize();
+  const int rank = group.getRank();
+  std::int64_t widest = 0;
+  for (const auto& member : chunk_group.members) {
+    std::int64_t member_bytes = 0;
+    for (const auto& managed : member) member_bytes += bytes(*managed);
+    widest = std::max(widest, member_bytes);
+  }
+  if (widest == 0) return;
+  at::NoGradGuard no_grad;
+  at::Tensor mine = at::zeros({widest}, at::kByte);
+  std::int64_t offset = 0;
+  for (const auto& managed : chunk_group.members[static_cast<std::size_t>(rank)]) {
+    mine.narrow(0, offset, bytes(*managed)).copy_(bytes_of(*managed));
+    offset += bytes(*managed);
+  }
+  at::Tensor all = at::empty({widest * world}, at::kByte);
+  run_collective(group, "gathering parameters", [&] { return group._allgather_base(all, mine); });
+  for (int owner = 0; owner < world; ++owner) {
+    if (owner == rank) continue;
+    offset = widest * owner;
+    for (const auto& managed : chunk_group.members[static_cast<std::size_t>(owner)]) {
+      write_bytes(*managed, all.narrow(0, offset, bytes(*managed)));
+      offset += bytes(*managed);
+    }
+  }
+}
+
+void reduce_group(ChunkManager& chunks, c10d::ProcessGroup& group, const ChunkGroup& chunk_group) {
+  const int world = group.getSize();
+  const int rank = group.getRank();
+  // Member j's segment: every gradient in fp32, then one flag per parameter
+  // (1 where this rank has a gradient).
+  std::vector<std::int64_t> segment(static_cast<std::size_t>(world), 0);
+  for (int j = 0; j < world; ++j)
+    for (const auto& managed : chunk_group.members[static_cast<std::size_t>(j)])
+      segment[static_cast<std::size_t>(j)] += elements(*managed) + 1;
+  std::int64_t total = 0;
+  for (const std::int64_t s : segment) total += s;
+  if (total == 0) return;
+
+  at::NoGradGuard no_grad;
+  at::Tensor send = at::empty({total}, at::kFloat);
+  std::int64_t offset = 0;
+  for (int j = 0; j < world; ++j) {
+    const auto& member = chunk_group.members[static_cast<std::size_t>(j)];
+    for (const auto& managed : member) {
+      const at::Tensor grad = managed->param.grad();
+      at::Tensor values = send.narrow(0, offset, elements(*managed));
+      if (grad.defined())
+        values.copy_(grad.reshape({-1}));
+      else
+        values.zero_();
+      offset += elements(*managed);
+    }
+    std::vector<float> flags;
+    for (const auto& managed : member)
+      flags.push_back(managed->param.grad().defined() ? 1.0f : 0.0f);
+    send.narrow(0, offset, static_cast<std::int64_t>(flags.size()))
+        .copy_(at::tensor(flags, at::kFloat));
+    offset += static_cast<std::int64_t>(flags.size());
+  }
+  const std::int64_t own = segment[static_cast<std::size_t>(rank)];
+  at::Tensor received = at::empty({own * world}, at::kFloat);
+  std::vector<std::int64_t> output_splits(static_cast<std::size_t>(world), own);
+  run_collective(group, "reducing gradients",
+                 [&] { return group.alltoall_base(received, send, output_splits, segment); });
+  send.reset();  // room for what follows
+
+  // Sum in rank order, then divide: the oracle's arithmetic, in place.
+  at::Tensor mean = received.narrow(0, 0, own);
+  for (int from = 1; from < world; ++from) mean.add_(received.narrow(0, own * from, own));
+  mean.div_(static_cast<double>(world));
+
+  for (int j = 0; j < world; ++j) {
+    const auto& member = chunk_group.members[static_cast<std::size_t>(j)];
+    if (j != rank) {
+      for (const auto& managed : member) {
+        if (!managed->param.requires_grad()) continue;
+        std::lock_guard lock(managed->grad_mutex);
+        managed->param.mutable_grad().reset();
+        if (managed->bound_grad.defined() && chunks.discard(managed->grad_id) != Status::ok)
+          throw std::runtime_error(fmt::format(
+              "spillway data parallel: could not discard the gradient of a parameter rank {} "
+              "owns: {}",
+              j, ChunkManager::last_error()));
+      }
+      continue;
+    }
+    offset = 0;
+    const std::int64_t flag_count = static_cast<std::int64_t>(member.size());
+    const at::Tensor reached = mean.narrow(0, own - flag_count, flag_count).gt(0).to(at::kCPU);
+    const auto reached_by = reached.accessor<bool, 1>();
+    for (std::size_t i = 0; i < member.size(); ++i) {
+      ManagedParam& managed = *member[i];
+      const std::int64_t n = elements(managed);
+      if (!managed.param.requires_grad()) {
+        offset += n;
+        continue;
+      }
+      std::lock_guard lock(managed.grad_mutex);
+      if (!reached_by[static_cast<std::int64_t>(i)]) {
+        managed.param.mutable_grad().reset();  // no rank reached it
+      } else {
+        const at::Tensor values = mean.narrow(0, offset, n).view(managed.param.sizes());
+        at::Tensor target =
+            managed.bound_grad.defined() ? managed.bound_grad : managed.param.grad();
+        if (!target.defined()) target = at::empty_like(managed.param);
+        target.copy_(values);
+        managed.param.mutable_grad() = target;
+      }
+      offset += n;
+    }
+  }
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> current_group() {
+  std::lock_guard lock(data_parallel().mutex);
+  return data_parallel().group;
+}
+
+// Counts a data parallel operation; the caller holds the state's mutex.
+void begin_operation(c10d::ProcessGroup& group) {
+  note_progress(group, ++data_parallel().operations);
+}
+
+}  // namespace
+
+namespace {
+
+// Every rank takes the values of the parameters other ranks own, for every
+// client or for `only`.
+void gather_from_owners(ChunkManager& chunks, std::optional<ClientId> only) {
+  const c10::intrusive_ptr<c10d::ProcessGroup> group = current_group();
+  if (!group) return;
+  std::lock_guard lock(data_parallel().mutex);
+  begin_operation(*group);
+  const std::vector<RankLayout> layouts = rank_layouts(chunks, group->getSize(), only);
+  check_layouts_agree(*group, layouts);
+  for (const RankLayout& layout : layouts)
+    for (const ChunkGroup& chunk_group : layout.groups) gather_group(*group, chunk_group);
+}
+
+}  // namespace
+
+void join_data_parallel(ChunkManager& chunks, ClientId client) {
+  gather_from_owners(chunks, client);
+}
+
+void gather_owned_parameters(ChunkManager& chunks) { gather_from_owners(chunks, std::nullopt); }
+
+}  // namespace torch_bridge
+
+void set_process_group(c10::intrusive_ptr<c10d::ProcessGroup> group) {
+  if (group && group->getSize() < 1)
+    throw std::invalid_argument("spillway::set_process_group: the group has no ranks");
+  ChunkManager& chunks = torch_bridge::active_chunk_manager();
+  {
+    std::lock_guard lock(torch_bridge::data_parallel().mutex);
+    torch_bridge::data_parallel().group = std::move(group);
+  }
+  torch_bridge::gather_owned_parameters(chunks);
+}
+
+namespace {
+
+// The layouts of every client, or of those holding one of `params`.
+void reduce_clients(const std::optional<std::vector<torch::Tensor>>& params) {
+  const c10::intrusive_ptr<c10d::ProcessGroup> group = torch_bridge::current_group();
+  if (!group) return;
+  ChunkManager& chunks = torch_bridge::active_chunk_manager();
+  std::lock_guard lock(torch_bridge::data_parallel().mutex);
+  torch_bridge::begin_operation(*group);
+  std::vector<torch_bridge::RankLayout> layouts =
+      torch_bridge::rank_layouts(chunks, group->getSize());
+  if (params.has_value()) {
+    std::set<ClientId> clients;
+    for (const torch::Tensor& param : *params)
+      if (const auto managed = torch_bridge::managed_param_bound_to(param))
+        clients.insert(managed->client);
+    std::erase_if(layouts, [&](const torch_bridge::RankLayout& layout) {
+      return !clients.contains(layout.client);
+    });
+  }
+  torch_bridge::check_layouts_agree(*group, layouts);
+  for (const torch_bridge::RankLayout& layout : layouts)
+    for (const torch_bridge::ChunkGroup& chunk_group : layout.groups)
+      torch_bridge::reduce_group(chunks, *group, chunk_group);
+}
+
+}  // namespace
+
+void reduce_gradients() { reduce_clients(std::nullopt); }
+
+void reduce_gradients(const std::vector<torch::Tensor>& params) { reduce_clients(params); }
+
+int data_parallel_rank() {
+  const c10::intrusive_ptr<c10d::ProcessGroup> group = torch_bridge::current_group();
+  return group ? group->getRank() : 0;
+}
+
+int data_parallel_world_size() {
+  const c10::intrusive_ptr<c10d::ProcessGroup> group = torch_bridge::current_group();
+  return group ? group->getSize() : 1;
+}
+
+}  // namespace spillway

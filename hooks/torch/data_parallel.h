@@ -1,0 +1,23 @@
+// data_parallel.h: the bridge's side of data parallel training (Note [Data
+// parallel over chunk groups] in data_parallel.cc). Private to hooks/torch.
+#pragma once
+
+#include "hooks/torch/bridge.h"
+
+namespace spillway::torch_bridge {
+
+// With a process group set: checks that every rank laid out the client
+// manage() just placed the same way, and gives every rank its owners' values
+// (a collective). Nothing without a group.
+void join_data_parallel(ChunkManager& chunks, ClientId client);
+
+// With a process group set: every rank takes the values of the parameters
+// other ranks own (after the owners' optimizer step). Nothing without one.
+void gather_owned_parameters(ChunkManager& chunks);
+
+// With dist:env and no group yet: joins the group torchrun's environment
+// describes (Note [Joining the group torchrun describes], dist_env.cc).
+// Throws std::runtime_error naming what is missing.
+void join_group_from_environment_if_configured();
+
+}  // namespace spillway::torch_bridge

@@ -1,0 +1,44 @@
+// rank_layout.h: which rank owns which managed parameter when models train
+// data parallel (Note [Chunk groups across ranks] in rank_layout.cc). Private
+// to hooks/torch.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "hooks/torch/bridge.h"
+
+namespace spillway::torch_bridge {
+
+// N consecutive parameter chunks of one client. members[j] holds the
+// parameters of the group's j-th chunk, in offset order, and rank j owns
+// them; an empty member past the client's last chunk is a virtual chunk.
+struct ChunkGroup {
+  std::vector<std::vector<std::shared_ptr<ManagedParam>>> members;
+};
+
+// One client's parameters, grouped for `world_size` ranks.
+struct RankLayout {
+  ClientId client{};
+  std::string client_name;
+  std::vector<ChunkGroup> groups;
+  // One line per parameter, in layout order: what every rank must agree on
+  // (name, dtype, shape, chunk and offset).
+  std::vector<std::string> descriptions;
+};
+
+// The layouts of the clients that hold managed parameters (models, not
+// optimizers), in the order they were added; `only` limits them to one.
+std::vector<RankLayout> rank_layouts(ChunkManager& chunks, int world_size,
+                                     std::optional<ClientId> only = std::nullopt);
+
+// Compares the layouts across the group's ranks (a collective: every rank
+// calls it with its own). Throws std::runtime_error naming the first
+// parameter where this rank's layout differs from rank 0's.
+void check_layouts_agree(c10d::ProcessGroup& group, const std::vector<RankLayout>& layouts);
+
+}  // namespace spillway::torch_bridge

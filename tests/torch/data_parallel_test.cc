@@ -1,0 +1,727 @@
+// Data parallel training across ranks (Note [Data parallel over chunk groups]
+// in hooks/torch/data_parallel.cc) against an in-process oracle.
+//
+// Each test spawns this binary once per rank (only the test itself, with the
+// rank in the environment); the ranks meet through a FileStore in a
+// temporary folder and talk over Gloo on localhost, wrapped in torch's
+// ProcessGroupWrapper, which checks that every rank issues the same
+// collective. Each rank trains under spillway on the sim device with strict
+// residency and a chunk budget that spills every step, then saves its
+// parameters and its optimizer state. The test process itself runs the
+// oracle without spillway: the same model on the same micro-batches, each
+// rank's gradient computed on its own, summed in rank order and divided by
+// the world size, then the same optimizer step. Parameters and state must
+// match bit for bit; against one process on the concatenated batch, within
+// torch's default fp32 tolerances.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <torch/torch.h>
+#include <nlohmann/json.hpp>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupWrapper.hpp>
+
+#include "allocator/runtime.h"
+#include "hooks/torch/sim_torch_allocator.h"
+#include "hooks/torch/spillway_torch.h"
+
+extern char** environ;
+
+namespace {
+
+// 2 MiB chunks (the smallest) under an 8 MiB cap on resident chunks
+// (use_conf): the model's 7.6 MiB of parameters and as much again of
+// gradients spill every step.
+constexpr char kConf[] =
+    "device:sim,strict_residency:true,chunk_size:2MiB,sim_capacity:256MiB,policy:lru";
+constexpr std::size_t kChunkBudgetBytes = std::size_t{8} << 20;
+constexpr std::int64_t kIn = 256;
+constexpr std::int64_t kHidden = 512;
+constexpr std::int64_t kWide = 1536;  // the wide layer's 3 MiB weight outgrows a chunk
+constexpr std::int64_t kOut = 16;
+constexpr std::int64_t kBatch = 8;  // per rank and micro-batch
+
+// Parameter order is layout order; the same on every rank. `extra` is
+// reached only by some micro-batches, and on some steps by none; `mix` is a
+// transposed leaf, whose strides are not contiguous.
+struct Mlp : torch::nn::Module {
+  Mlp() {
+    input = register_module("input", torch::nn::Linear(kIn, kHidden));
+    for (int i = 0; i < 3; ++i)
+      hidden.push_back(
+          register_module("hidden" + std::to_string(i), torch::nn::Linear(kHidden, kHidden)));
+    extra = register_module("extra", torch::nn::Linear(kHidden, kHidden));
+    wide = register_module("wide", torch::nn::Linear(kHidden, kWide));
+    head = register_module("head", torch::nn::Linear(kWide, kOut));
+    // Strides that are not contiguous: a transposed leaf.
+    mix = register_parameter("mix", torch::randn({kOut, kOut}).t());
+  }
+  torch::Tensor forward(torch::Tensor x, bool use_extra) {
+    x = torch::relu(input(x));
+    for (auto& layer : hidden) x = torch::relu(layer(x));
+    if (use_extra) x = x + torch::tanh(extra(x));
+    return head(torch::relu(wide(x))).matmul(mix);
+  }
+  torch::nn::Linear input{nullptr}, extra{nullptr}, wide{nullptr}, head{nullptr};
+  std::vector<torch::nn::Linear> hidden;
+  torch::Tensor mix;
+};
+
+// torch's Adam and SGD, and spillway's chunked Adam (state in chunks).
+enum class Optimizer { adam, sgd_momentum, chunked_adam };
+
+struct Scenario {
+  int world = 2;
+  int steps = 3;
+  int micro_batches = 1;  // per rank and step: gradient accumulation
+  Optimizer optimizer = Optimizer::adam;
+  // A second model (a critic, seeded apart) with an SGD optimizer of its
+  // own, trained in turn with the first: each reduced on its own.
+  bool two_models = false;
+  // Launched by torchrun, the ranks joining through dist:env.
+  bool torchrun = false;
+};
+
+constexpr int kCriticSeed = 8;
+constexpr int kCriticBatches = 100;  // its batches: step + 100
+
+// The extra layer: on some (step, rank, micro-batch) only; with 2 ranks,
+// step 1 reaches it on no rank.
+bool uses_extra(int step, int rank, int micro) { return (step + rank + micro) % 3 == 0; }
+
+std::pair<torch::Tensor, torch::Tensor> batch(int step, int rank, int micro) {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(1000 * step + 10 * rank + micro);
+  torch::Tensor x = at::randn({kBatch, kIn}, generator);
+  torch::Tensor y = at::randn({kBatch, kOut}, generator);
+  return {x, y};
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(Optimizer kind,
+                                                        std::vector<torch::Tensor> params) {
+  if (kind == Optimizer::adam)
+    return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-3));
+  if (kind == Optimizer::chunked_adam)
+    return std::make_unique<spillway::optim::Adam>(params, torch::optim::AdamOptions(1e-3));
+  return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.05).momentum(0.9));
+}
+
+// A parameter's optimizer state as tensors (empty: none on this rank).
+std::vector<torch::Tensor> state_of(torch::optim::Optimizer& optimizer, const torch::Tensor& p) {
+  if (auto* chunked = dynamic_cast<spillway::optim::ChunkedOptimizer*>(&optimizer)) {
+    const auto state = chunked->param_state(p);
+    if (!state.has_value() || !state->started) return {};
+    std::vector<torch::Tensor> tensors = state->slots;
+    tensors.push_back(torch::tensor(state->step, torch::kLong));
+    return tensors;
+  }
+  const auto& state = optimizer.state();
+  const auto found = state.find(p.unsafeGetTensorImpl());
+  if (found == state.end()) return {};
+  if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(found->second.get()))
+    return {adam->exp_avg().clone(), adam->exp_avg_sq().clone(),
+            torch::tensor(adam->step(), torch::kLong)};
+  auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(found->second.get());
+  return {sgd->momentum_buffer().clone()};
+}
+
+// What a run ends with: per parameter its values and its optimizer state.
+struct RunResult {
+  std::vector<torch::Tensor> params;
+  std::vector<std::vector<torch::Tensor>> states;
+};
+
+// Writes `result` flat: per parameter, its values, its state count, its state.
+void save_result(const RunResult& result, const std::string& path) {
+  std::vector<torch::Tensor> flat;
+  for (std::size_t i = 0; i < result.params.size(); ++i) {
+    flat.push_back(result.params[i]);
+    flat.push_back(torch::tensor(static_cast<std::int64_t>(result.states[i].size())));
+    for (const auto& s : result.states[i]) flat.push_back(s);
+  }
+  torch::save(flat, path);
+}
+
+RunResult load_result(const std::string& path) {
+  std::vector<torch::Tensor> flat;
+  torch::load(flat, path);
+  RunResult result;
+  for (std::size_t i = 0; i < flat.size();) {
+    result.params.push_back(flat[i++]);
+    const std::int64_t count = flat[i++].item<std::int64_t>();
+    result.states.emplace_back(flat.begin() + static_cast<std::ptrdiff_t>(i),
+                               flat.begin() + static_cast<std::ptrdiff_t>(i + count));
+    i += static_cast<std::size_t>(count);
+  }
+  return result;
+}
+
+// --- The ranks -----------------------------------------------------------
+
+struct RankEnvironment {
+  int rank = 0;
+  int world = 1;
+  std::string folder;  // the FileStore and the results
+};
+
+// A rank torchrun started: RANK and WORLD_SIZE are torchrun's.
+std::optional<RankEnvironment> torchrun_rank_environment() {
+  const char* folder = std::getenv("SPILLWAY_DP_TEST_TORCHRUN_FOLDER");
+  const char* rank = std::getenv("RANK");
+  const char* world = std::getenv("WORLD_SIZE");
+  if (folder == nullptr || rank == nullptr || world == nullptr) return std::nullopt;
+  return RankEnvironment{std::atoi(rank), std::atoi(world), folder};
+}
+
+std::optional<RankEnvironment> rank_environment() {
+  const char* rank = std::getenv("SPILLWAY_DP_TEST_RANK");
+  const char* world = std::getenv("SPILLWAY_DP_TEST_WORLD");
+  const char* folder = std::getenv("SPILLWAY_DP_TEST_FOLDER");
+  if (rank == nullptr || world == nullptr || folder == nullptr) return std::nullopt;
+  return RankEnvironment{std::atoi(rank), std::atoi(world), folder};
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> connect(const RankEnvironment& env) {
+  auto store = c10::make_intrusive<c10d::FileStore>(env.folder + "/store", env.world);
+  auto backend = [&](const std::string& prefix) {
+    auto options = c10d::ProcessGroupGloo::Options::create();
+    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    options->timeout = std::chrono::seconds(60);
+    return c10::make_intrusive<c10d::ProcessGroupGloo>(
+        c10::make_intrusive<c10d::PrefixStore>(prefix, store), env.rank, env.world, options);
+  };
+  // The wrapper checks each collective's kind and shapes across ranks first.
+  auto checked = c10::make_intrusive<c10d::ProcessGroupWrapper>(backend("main"), backend("check"));
+  auto group = c10::make_intrusive<c10d::ProcessGroup>(store, env.rank, env.world);
+  group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, checked);
+  group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+  return group;
+}
+
+std::string result_path(const std::string& folder, int rank) {
+  return folder + "/rank" + std::to_string(rank) + ".pt";
+}
+
+// Evictions so far, from the statistics.
+std::int64_t evictions() {
+  return nlohmann::json::parse(spillway::memory_stats_json())["evictions"].get<std::int64_t>();
+}
+
+// The chunk manager's cap is what spills; the allocator's budget is wide, as
+// reduce_gradients stages a group's gradients in fp32 beside the chunks.
+void use_conf(bool dist_env = false) {
+  spillway::configure(std::string(kConf) + (dist_env ? ",dist:env" : ""));
+  spillway::activate();
+  spillway::Runtime::process().active_allocator()->set_budget_bytes(std::size_t{96} << 20);
+  spillway::Runtime::process().chunk_manager().set_device_budget_bytes(kChunkBudgetBytes);
+}
+
+// Bytes of optimizer-state and master chunks that hold bytes (on either
+// side): state chunks never written take no memory.
+std::int64_t materialized_state_bytes() {
+  spillway::ChunkManager& chunks = spillway::Runtime::process().chunk_manager();
+  std::int64_t bytes = 0;
+  for (std::uint32_t client = 0; client < 64; ++client)
+    for (const spillway::ChunkId chunk : chunks.chunks_of(spillway::ClientId{client})) {
+      const auto info = chunks.chunk_info(chunk);
+      if (info.has_value() && info->location != spillway::Location::none &&
+          (info->kind == spillway::TensorKind::optimizer_state ||
+           info->kind == spillway::TensorKind::master))
+        bytes += static_cast<std::int64_t>(info->capacity_bytes);
+    }
+  return bytes;
+}
+
+std::string state_bytes_path(const std::string& folder, int rank) {
+  return folder + "/rank" + std::to_string(rank) + ".state_bytes";
+}
+
+// One rank's training under spillway.
+void train_rank(const RankEnvironment& env, const Scenario& scenario) {
+  use_conf(scenario.torchrun);
+  torch::manual_seed(7);
+  Mlp model;
+  torch::manual_seed(kCriticSeed);
+  Mlp critic;
+  if (!scenario.torchrun) spillway::set_process_group(connect(env));
+  spillway::manage(model);  // with dist:env, joins torchrun's group first
+  EXPECT_EQ(spillway::data_parallel_world_size(), env.world);
+  EXPECT_EQ(spillway::data_parallel_rank(), env.rank);
+  if (scenario.two_models) spillway::manage(critic);
+  auto optimizer = make_optimizer(scenario.optimizer, model.parameters());
+  auto critic_optimizer = make_optimizer(Optimizer::sgd_momentum, critic.parameters());
+  auto train = [&](Mlp& trained, torch::optim::Optimizer& trainer, int step, int batch_offset) {
+    trainer.zero_grad();
+    for (int micro = 0; micro < scenario.micro_batches; ++micro) {
+      auto [x, y] = batch(step + batch_offset, env.rank, micro);
+      torch::mse_loss(trained.forward(x, uses_extra(step, env.rank, micro)), y).backward();
+    }
+    if (scenario.two_models)
+      spillway::reduce_gradients(trained.parameters());  // this model's only
+    else
+      spillway::reduce_gradients();
+    trainer.step();
+    spillway::step();
+  };
+  for (int step = 0; step < scenario.steps; ++step) {
+    train(model, *optimizer, step, 0);
+    if (scenario.two_models) train(critic, *critic_optimizer, step, kCriticBatches);
+  }
+  // Before state_of, which reads (and so materializes) every state chunk.
+  std::ofstream(state_bytes_path(env.folder, env.rank)) << materialized_state_bytes();
+  EXPECT_GT(evictions(), 0) << "the budget should have spilled chunks: "
+                            << spillway::memory_stats_json();
+  RunResult result;
+  for (const auto& p : model.parameters()) {
+    EXPECT_TRUE(spillway::is_managed(p));
+    result.params.push_back(p.detach().clone());
+    result.states.push_back(state_of(*optimizer, p));
+  }
+  if (scenario.two_models) {
+    for (const auto& p : critic.parameters()) {
+      EXPECT_TRUE(spillway::is_managed(p));
+      result.params.push_back(p.detach().clone());
+      result.states.push_back(state_of(*critic_optimizer, p));
+    }
+  }
+  save_result(result, result_path(env.folder, env.rank));
+}
+
+// --- The test process ----------------------------------------------------
+
+// A temporary folder, removed with what it holds.
+struct TemporaryFolder {
+  TemporaryFolder() {
+    char pattern[] = "/tmp/spillway-dp-XXXXXX";
+    if (mkdtemp(pattern) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path = pattern;
+  }
+  ~TemporaryFolder() { std::system(("rm -rf '" + path + "'").c_str()); }
+  std::string path;
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Starts `args` with `extra_env` added to this process's environment, its
+// output to `log`; throws when it cannot.
+pid_t spawn_logged(std::vector<std::string> args, std::vector<std::string> extra_env,
+                   const std::string& log) {
+  for (char** e = environ; *e != nullptr; ++e) extra_env.emplace_back(*e);
+  std::vector<char*> argv, envp;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  for (auto& e : extra_env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  pid_t pid = 0;
+  const int failed =
+      posix_spawn(&pid, args[0].c_str(), &actions, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  if (failed != 0)
+    throw std::runtime_error("posix_spawn " + args[0] + ": " + std::strerror(failed));
+  return pid;
+}
+
+constexpr auto kRankTimeLimit = std::chrono::seconds(240);
+
+// The wait statuses of `children`; those still running at the time limit
+// are killed, and the test fails.
+std::vector<int> wait_for_children(const std::vector<pid_t>& children) {
+  const auto deadline = std::chrono::steady_clock::now() + kRankTimeLimit;
+  std::vector<std::optional<int>> status(children.size());
+  std::size_t running = children.size();
+  while (running > 0) {
+    for (std::size_t r = 0; r < children.size(); ++r) {
+      int s = 0;
+      if (!status[r].has_value() && waitpid(children[r], &s, WNOHANG) == children[r]) {
+        status[r] = s;
+        --running;
+      }
+    }
+    if (running > 0 && std::chrono::steady_clock::now() > deadline) {
+      ADD_FAILURE() << "a process did not finish within " << kRankTimeLimit.count() << " s";
+      for (std::size_t r = 0; r < children.size(); ++r) {
+        if (status[r].has_value()) continue;
+        kill(children[r], SIGKILL);
+        int s = 0;
+        waitpid(children[r], &s, 0);
+        status[r] = s;
+      }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::vector<int> result;
+  for (const auto& s : status) result.push_back(*s);
+  return result;
+}
+
+bool exited_cleanly(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+
+// This binary, by its real path, and the filter that runs only this test.
+std::vector<std::string> this_test_command() {
+  char self[4096] = {};
+  if (readlink("/proc/self/exe", self, sizeof(self) - 1) <= 0)
+    throw std::runtime_error("readlink /proc/self/exe failed");
+  const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
+  return {self, std::string("--gtest_filter=") + test->test_suite_name() + "." + test->name()};
+}
+
+// Runs this test in `world` processes of this binary, one per rank, and
+// fails the test, with each failing rank's output, unless all pass within
+// the time limit. `killed_rank` is expected to die of SIGKILL instead.
+void run_ranks(int world, const std::string& folder, int killed_rank = -1) {
+  std::vector<pid_t> children;
+  for (int rank = 0; rank < world; ++rank)
+    children.push_back(spawn_logged(this_test_command(),
+                                    {"SPILLWAY_DP_TEST_RANK=" + std::to_string(rank),
+                                     "SPILLWAY_DP_TEST_WORLD=" + std::to_string(world),
+                                     "SPILLWAY_DP_TEST_FOLDER=" + folder, "OMP_NUM_THREADS=1"},
+                                    folder + "/rank" + std::to_string(rank) + ".log"));
+  const std::vector<int> status = wait_for_children(children);
+  for (int r = 0; r < world; ++r) {
+    if (r == killed_rank) {
+      EXPECT_TRUE(WIFSIGNALED(status[r]) && WTERMSIG(status[r]) == SIGKILL)
+          << "rank " << r << " should have been killed";
+      continue;
+    }
+    EXPECT_TRUE(exited_cleanly(status[r]))
+        << "rank " << r << " failed; its output:\n"
+        << read_file(folder + "/rank" + std::to_string(r) + ".log");
+  }
+}
+
+// Runs this test under torchrun (--standalone, `world` processes on this
+// machine), each rank joining through dist:env; fails the test with
+// torchrun's output unless it succeeds within the time limit.
+void run_torchrun(int world, const std::string& folder) {
+  std::vector<std::string> command{SPILLWAY_TEST_PYTHON,
+                                   "-m",
+                                   "torch.distributed.run",
+                                   "--standalone",
+                                   "--nproc-per-node",
+                                   std::to_string(world),
+                                   "--no-python"};
+  for (std::string& part : this_test_command()) command.push_back(std::move(part));
+  const std::string log = folder + "/torchrun.log";
+  const pid_t torchrun = spawn_logged(
+      command, {"SPILLWAY_DP_TEST_TORCHRUN_FOLDER=" + folder, "OMP_NUM_THREADS=1"}, log);
+  EXPECT_TRUE(exited_cleanly(wait_for_children({torchrun})[0])) << "torchrun failed:\n"
+                                                                << read_file(log);
+}
+
+// The oracle: each rank's micro-batches on one model, gradients summed in
+// rank order and divided by the world size (what reduce_gradients computes),
+// then the optimizer step. With `concatenated`, one backward over every
+// rank's micro-batches at once instead (the one-process run).
+RunResult oracle(const Scenario& scenario, bool concatenated) {
+  // Off the simulated device's budget, where an earlier test of this process
+  // activated spillway: the oracle's memory is not what is under test.
+  spillway::torch_bridge::HostWorkScope host_memory;
+  torch::manual_seed(7);
+  Mlp model;
+  torch::manual_seed(kCriticSeed);
+  Mlp critic;
+  // spillway's optimizer needs spillway: the oracle runs it too, without a
+  // process group.
+  if (scenario.optimizer == Optimizer::chunked_adam) {
+    use_conf();
+    spillway::manage(model);
+  }
+  auto optimizer = make_optimizer(scenario.optimizer, model.parameters());
+  auto critic_optimizer = make_optimizer(Optimizer::sgd_momentum, critic.parameters());
+  auto train = [&](Mlp& trained, torch::optim::Optimizer& trainer, int step, int batch_offset) {
+    const auto params = trained.parameters();
+    std::vector<torch::Tensor> sums(params.size());
+    std::vector<bool> reached(params.size(), false);
+    for (int rank = 0; rank < scenario.world; ++rank) {
+      trainer.zero_grad();
+      for (int micro = 0; micro < scenario.micro_batches; ++micro) {
+        auto [x, y] = batch(step + batch_offset, rank, micro);
+        torch::Tensor loss = torch::mse_loss(trained.forward(x, uses_extra(step, rank, micro)), y);
+        if (concatenated) loss = loss / scenario.world;
+        loss.backward();
+      }
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        const torch::Tensor grad = params[i].grad();
+        reached[i] = reached[i] || grad.defined();
+        const torch::Tensor values = grad.defined() ? grad : torch::zeros_like(params[i]);
+        if (concatenated)
+          sums[i] = rank == 0 ? values.clone() : sums[i] + values;
+        else if (rank == 0)
+          sums[i] = values.clone();
+        else
+          sums[i].add_(values);
+      }
+    }
+    torch::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      auto param = params[i];
+      if (!reached[i]) {
+        param.mutable_grad().reset();
+        continue;
+      }
+      param.mutable_grad() =
+          concatenated ? sums[i] : sums[i].div_(static_cast<double>(scenario.world));
+    }
+    trainer.step();
+  };
+  for (int step = 0; step < scenario.steps; ++step) {
+    train(model, *optimizer, step, 0);
+    if (scenario.two_models) train(critic, *critic_optimizer, step, kCriticBatches);
+  }
+  RunResult result;
+  for (const auto& p : model.parameters()) {
+    result.params.push_back(p.detach().clone());
+    result.states.push_back(state_of(*optimizer, p));
+  }
+  if (scenario.two_models) {
+    for (const auto& p : critic.parameters()) {
+      result.params.push_back(p.detach().clone());
+      result.states.push_back(state_of(*critic_optimizer, p));
+    }
+  }
+  return result;
+}
+
+bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
+  return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() &&
+         std::memcmp(a.contiguous().data_ptr(), b.contiguous().data_ptr(),
+                     static_cast<std::size_t>(a.numel() * a.element_size())) == 0;
+}
+
+// Runs `scenario` on its ranks and compares each rank with the oracle:
+// every rank holds the oracle's parameters; each parameter's optimizer state
+// is on exactly one rank (its owner) and equals the oracle's.
+void expect_ranks_match_the_oracle(const Scenario& scenario) {
+  if (auto env = scenario.torchrun ? torchrun_rank_environment() : rank_environment()) {
+    train_rank(*env, scenario);
+    return;
+  }
+  at::set_num_threads(1);
+  TemporaryFolder folder;
+  if (scenario.torchrun)
+    run_torchrun(scenario.world, folder.path);
+  else
+    run_ranks(scenario.world, folder.path);
+  if (::testing::Test::HasFailure()) return;
+  const RunResult expected = oracle(scenario, /*concatenated=*/false);
+  const RunResult one_process = oracle(scenario, /*concatenated=*/true);
+  std::vector<RunResult> ranks;
+  for (int rank = 0; rank < scenario.world; ++rank)
+    ranks.push_back(load_result(result_path(folder.path, rank)));
+
+  std::int64_t state_elements_total = 0;
+  std::vector<std::int64_t> state_elements(static_cast<std::size_t>(scenario.world), 0);
+  for (std::size_t i = 0; i < expected.params.size(); ++i) {
+    for (int rank = 0; rank < scenario.world; ++rank)
+      EXPECT_TRUE(same_bits(ranks[rank].params[i], expected.params[i]))
+          << "rank " << rank << ", parameter #" << i;
+    EXPECT_TRUE(torch::allclose(expected.params[i], one_process.params[i], 1.3e-6, 1e-5))
+        << "parameter #" << i << " against one process on the concatenated batch";
+    int holders = 0;
+    for (int rank = 0; rank < scenario.world; ++rank) {
+      const auto& state = ranks[rank].states[i];
+      if (state.empty()) continue;
+      ++holders;
+      ASSERT_EQ(state.size(), expected.states[i].size()) << "parameter #" << i;
+      for (std::size_t s = 0; s < state.size(); ++s) {
+        EXPECT_TRUE(same_bits(state[s], expected.states[i][s]))
+            << "rank " << rank << ", parameter #" << i << ", state " << s;
+        state_elements[static_cast<std::size_t>(rank)] += state[s].numel();
+        state_elements_total += state[s].numel();
+      }
+    }
+    EXPECT_EQ(holders, expected.states[i].empty() ? 0 : 1)
+        << "parameter #" << i << ": its optimizer state should be on its owner alone";
+  }
+  // Each rank holds about 1/N of the state: within one chunk's worth of
+  // parameters (2 MiB of fp32 elements, times the state tensors per parameter).
+  const std::int64_t slots = scenario.optimizer == Optimizer::sgd_momentum ? 1 : 2;
+  const std::int64_t models = scenario.two_models ? 2 : 1;  // one chunk's slack each
+  const std::int64_t chunk_elements = (std::int64_t{2} << 20) / 4 * slots * models;
+  for (int rank = 0; rank < scenario.world; ++rank)
+    EXPECT_LE(std::abs(state_elements[rank] * scenario.world - state_elements_total),
+              chunk_elements * scenario.world)
+        << "rank " << rank << " holds " << state_elements[rank] << " of " << state_elements_total
+        << " state elements";
+  // spillway's optimizer: the state chunks of what other ranks own are never
+  // written, so they take no memory.
+  if (scenario.optimizer == Optimizer::chunked_adam) {
+    for (int rank = 0; rank < scenario.world; ++rank) {
+      std::int64_t bytes = 0;
+      std::ifstream(state_bytes_path(folder.path, rank)) >> bytes;
+      EXPECT_GT(bytes, 0) << "rank " << rank;
+      EXPECT_LE(bytes * scenario.world,
+                state_elements_total * 4 + chunk_elements * 4 * scenario.world)
+          << "rank " << rank << " holds " << bytes << " bytes of state chunks, of "
+          << state_elements_total * 4 << " in all";
+    }
+  }
+}
+
+TEST(DataParallel, TwoRanksAdamMatchTheOracleBitForBit) {
+  expect_ranks_match_the_oracle({.world = 2, .steps = 3, .optimizer = Optimizer::adam});
+}
+
+TEST(DataParallel, FourRanksSgdWithMomentumMatchTheOracleBitForBit) {
+  expect_ranks_match_the_oracle({.world = 4, .steps = 3, .optimizer = Optimizer::sgd_momentum});
+}
+
+TEST(DataParallel, TwoRanksChunkedAdamKeepStateOnTheOwnerOnly) {
+  expect_ranks_match_the_oracle({.world = 2, .steps = 3, .optimizer = Optimizer::chunked_adam});
+}
+
+// Two models with optimizers of their own, trained in turn (actor and
+// critic): each reduce_gradients(params) reduces its own model only, after
+// its own backward.
+TEST(DataParallel, TwoModelsWithTwoOptimizersMatchTheOracle) {
+  expect_ranks_match_the_oracle(
+      {.world = 2, .steps = 2, .optimizer = Optimizer::adam, .two_models = true});
+}
+
+// torchrun starts the ranks; dist:env joins them at the first manage().
+TEST(DataParallel, TorchrunRanksJoinThroughDistEnv) {
+  expect_ranks_match_the_oracle(
+      {.world = 2, .steps = 2, .optimizer = Optimizer::adam, .torchrun = true});
+}
+
+TEST(DataParallel, GradientAccumulationOverMicroBatchesMatchesTheOracle) {
+  expect_ranks_match_the_oracle(
+      {.world = 2, .steps = 2, .micro_batches = 2, .optimizer = Optimizer::adam});
+}
+
+// A rank that manages a model of another shape: every rank's manage() fails
+// with an error that names the first parameter that differs.
+TEST(DataParallel, RanksWithDifferentModelsAreRefusedNamingTheParameter) {
+  if (auto env = rank_environment()) {
+    use_conf();
+    torch::manual_seed(7);
+    spillway::set_process_group(connect(*env));
+    torch::nn::Sequential model(torch::nn::Linear(64, 64),
+                                torch::nn::Linear(64, env->rank == 0 ? 32 : 48));
+    try {
+      spillway::manage(*model);
+      ADD_FAILURE() << "manage() should have refused the differing layouts";
+    } catch (const std::runtime_error& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("parameter #2"), std::string::npos) << message;
+      EXPECT_NE(message.find("'1.weight'"), std::string::npos) << message;
+      EXPECT_NE(message.find(env->rank == 0 ? "[32, 64]" : "[48, 64]"), std::string::npos)
+          << message;
+    }
+    return;
+  }
+  TemporaryFolder folder;
+  run_ranks(2, folder.path);
+}
+
+// A rank killed mid-step: the others' next collective fails within seconds
+// (not Gloo's 60 s timeout) with an error that names the rank gone missing.
+TEST(DataParallel, ARankKilledMidStepIsNamedByTheOthers) {
+  constexpr int kKilled = 2;
+  if (auto env = rank_environment()) {
+    use_conf();
+    torch::manual_seed(7);
+    Mlp model;
+    spillway::set_process_group(connect(*env));
+    spillway::manage(model);
+    torch::optim::SGD optimizer(model.parameters(), torch::optim::SGDOptions(0.01));
+    for (int step = 0; step < 2; ++step) {
+      optimizer.zero_grad();
+      auto [x, y] = batch(step, env->rank, 0);
+      torch::mse_loss(model.forward(x, false), y).backward();
+      if (step == 1 && env->rank == kKilled) raise(SIGKILL);
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        spillway::reduce_gradients();
+      } catch (const std::runtime_error& e) {
+        EXPECT_EQ(step, 1) << e.what();
+        const std::string message = e.what();
+        EXPECT_NE(message.find("rank 2 never reached it"), std::string::npos) << message;
+        EXPECT_NE(message.find("failed on rank " + std::to_string(env->rank) + " of 3"),
+                  std::string::npos)
+            << message;
+        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30)) << message;
+        return;
+      }
+      optimizer.step();
+      spillway::step();
+    }
+    ADD_FAILURE() << "reduce_gradients went on without rank " << kKilled;
+    return;
+  }
+  TemporaryFolder folder;
+  run_ranks(3, folder.path, kKilled);
+}
+
+// Ranks that initialise differently train from the owners' values: after
+// manage(), every rank holds, for each parameter, what its owner had.
+TEST(DataParallel, ManageGivesEveryRankTheOwnersValues) {
+  if (auto env = rank_environment()) {
+    use_conf();
+    torch::manual_seed(100 + env->rank);
+    Mlp model;
+    RunResult before;
+    for (const auto& p : model.parameters()) before.params.push_back(p.detach().clone());
+    before.states.resize(before.params.size());
+    save_result(before, env->folder + "/before" + std::to_string(env->rank) + ".pt");
+    spillway::set_process_group(connect(*env));
+    spillway::manage(model);
+    RunResult after;
+    for (const auto& p : model.parameters()) after.params.push_back(p.detach().clone());
+    after.states.resize(after.params.size());
+    save_result(after, result_path(env->folder, env->rank));
+    return;
+  }
+  constexpr int kWorld = 3;
+  TemporaryFolder folder;
+  run_ranks(kWorld, folder.path);
+  if (::testing::Test::HasFailure()) return;
+  std::vector<RunResult> before, after;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    before.push_back(load_result(folder.path + "/before" + std::to_string(rank) + ".pt"));
+    after.push_back(load_result(result_path(folder.path, rank)));
+  }
+  std::vector<int> owned(kWorld, 0);
+  for (std::size_t i = 0; i < after[0].params.size(); ++i) {
+    int owner = -1;
+    for (int rank = 0; rank < kWorld; ++rank)
+      if (same_bits(after[0].params[i], before[rank].params[i])) owner = rank;
+    ASSERT_NE(owner, -1) << "parameter #" << i << " holds no rank's initial values";
+    ++owned[owner];
+    for (int rank = 1; rank < kWorld; ++rank)
+      EXPECT_TRUE(same_bits(after[rank].params[i], after[0].params[i]))
+          << "rank " << rank << ", parameter #" << i;
+  }
+  for (int rank = 0; rank < kWorld; ++rank)
+    EXPECT_GT(owned[rank], 0) << "rank " << rank << " owns no parameter";
+}
+
+}  // namespace
