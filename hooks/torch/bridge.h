@@ -51,6 +51,10 @@ struct ManagedParam {
   // hook on it.
   std::shared_ptr<torch::autograd::Node> grad_accumulator;
   std::uintptr_t rebind_hook_key = 0;
+  // Set by every accumulation into the gradient (and at manage()), cleared
+  // when the gradient is reduced across ranks: Note [A reduction reduces
+  // what backward wrote since the last] (data_parallel.cc).
+  std::atomic<bool> gradient_unreduced{true};
 };
 
 // What the op hook needs to know about one managed storage.

@@ -45,6 +45,7 @@
 
 #include "hooks/torch/bridge.h"
 #include "hooks/torch/client_names.h"
+#include "hooks/torch/data_parallel.h"
 #include "hooks/torch/optim.h"
 #include "hooks/torch/sim_torch_allocator.h"
 #include "hooks/torch/spillway_torch.h"
@@ -513,7 +514,9 @@ GradientSummary ChunkedOptimizer::gradient_summary(double grad_scale) {
   place_all();
   ChunkManager& chunks = torch_bridge::active_chunk_manager();
   const bool sim = Runtime::process().device().kind() == DeviceKind::sim;
-  double sum_squares = 0.0;
+  // Per parameter, in order: its sum of squares, where this rank holds its
+  // gradient (Note [Per-parameter figures summed over owners]).
+  std::vector<std::optional<double>> sums_of_squares;
   bool found_inf = false;
   std::unordered_set<const ParamRecord*> seen;
   for (const auto& group : param_groups_) {
@@ -522,6 +525,7 @@ GradientSummary ChunkedOptimizer::gradient_summary(double grad_scale) {
       if (record == nullptr || !seen.insert(record).second) continue;
       check_still_managed(*record);
       torch_bridge::rebind_grad_if_replaced(chunks, *record->managed);
+      std::optional<double>& sum_squares = sums_of_squares.emplace_back();
       const torch::Tensor grad = param.grad();
       if (!grad.defined()) continue;
       if (!grad.has_storage() || storage_of(grad) != record->managed->bound_grad_storage)
@@ -540,10 +544,18 @@ GradientSummary ChunkedOptimizer::gradient_summary(double grad_scale) {
       if (data == nullptr) throw chunk_failure("reading the gradient of " + record->label);
       const cpu::GradStats stats = cpu::grad_stats(
           data, kernel_dtype(grad.scalar_type(), "a gradient"), record->count, torch_exec_config());
-      sum_squares += stats.sum_squares;
+      sum_squares = stats.sum_squares;
       found_inf = found_inf || stats.found_inf;
     }
   }
+  // Under data parallel training, every rank's part: the norm and the
+  // overflow of the mean gradient, the same on every rank.
+  sums_of_squares = torch_bridge::owned_figures_everywhere(std::move(sums_of_squares),
+                                                           "gradients' sums of squares");
+  found_inf = torch_bridge::on_any_rank(found_inf, "a gradient overflowed");
+  double sum_squares = 0.0;
+  for (const std::optional<double>& figure : sums_of_squares)
+    if (figure.has_value()) sum_squares += *figure;
   return {std::sqrt(sum_squares) * std::fabs(grad_scale), found_inf};
 }
 

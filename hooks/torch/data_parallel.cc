@@ -27,6 +27,28 @@
 // agreed on; never from local memory pressure or timing. Bytes move through
 // ordinary tensors with torch ops, so the op hooks fetch every chunk they
 // read or write, under strict residency too.
+//
+// Note [A reduction reduces what backward wrote since the last]
+// Several callers may reduce the same gradients in one step: a clipping of
+// the mean gradient, a loss scaler's overflow check, then the optimizer's
+// pre-hook. A second reduction would divide the mean by N again, so
+// reducing must be idempotent. Each parameter's gradient_unreduced flag is
+// set by its gradient accumulator's post hook (every backward that reaches
+// it) and at manage(), and cleared when its model is reduced. Whether a
+// model is reduced is decided by all ranks together: one all-reduce (max)
+// of each model's "some flag set" before the all-to-alls, so a rank whose
+// backward reached none of a model's parameters still joins its reduction,
+// and a reduction with nothing written since the last is skipped by all.
+//
+// Note [Per-parameter figures summed over owners]
+// After a reduction each gradient lives on its owner alone. A figure of it
+// (its norm, its sum of squares) is then known on one rank, and every rank
+// needs all of them, in parameter order, to compute the global norm exactly
+// as one process would. One all-reduce (sum) of the figures, with zeros
+// where a rank has none, plus a 1 per figure present, gives every rank the
+// list: x + 0 is exact, so the figures arrive unchanged, and the sums of the
+// ones show a figure present on two ranks (a parameter never reduced),
+// which is refused rather than counted twice.
 #include "hooks/torch/data_parallel.h"
 
 #include <mutex>
@@ -194,6 +216,24 @@ void reduce_group(ChunkManager& chunks, c10d::ProcessGroup& group, const ChunkGr
   }
 }
 
+// Whether backward wrote a gradient of the layout's parameters since its
+// last reduction (Note [A reduction reduces what backward wrote since the
+// last]).
+bool gradients_unreduced(const RankLayout& layout) {
+  for (const ChunkGroup& chunk_group : layout.groups)
+    for (const auto& member : chunk_group.members)
+      for (const auto& managed : member)
+        if (managed->gradient_unreduced.load(std::memory_order_acquire)) return true;
+  return false;
+}
+
+void mark_gradients_reduced(const RankLayout& layout) {
+  for (const ChunkGroup& chunk_group : layout.groups)
+    for (const auto& member : chunk_group.members)
+      for (const auto& managed : member)
+        managed->gradient_unreduced.store(false, std::memory_order_release);
+}
+
 c10::intrusive_ptr<c10d::ProcessGroup> current_group() {
   std::lock_guard lock(data_parallel().mutex);
   return data_parallel().group;
@@ -222,6 +262,51 @@ void gather_from_owners(ChunkManager& chunks, std::optional<ClientId> only) {
 }
 
 }  // namespace
+
+std::vector<std::optional<double>> owned_figures_everywhere(
+    std::vector<std::optional<double>> figures, std::string_view what) {
+  const c10::intrusive_ptr<c10d::ProcessGroup> group = current_group();
+  if (!group || group->getSize() == 1) return figures;
+  std::lock_guard lock(data_parallel().mutex);
+  begin_operation(*group);
+  // Note [Per-parameter figures summed over owners]
+  const auto count = static_cast<std::int64_t>(figures.size());
+  at::Tensor sums = at::zeros({2 * count}, at::kDouble);
+  double* values = sums.data_ptr<double>();
+  for (std::int64_t i = 0; i < count; ++i) {
+    if (!figures[static_cast<std::size_t>(i)].has_value()) continue;
+    values[i] = *figures[static_cast<std::size_t>(i)];
+    values[count + i] = 1;
+  }
+  std::vector<at::Tensor> tensors{sums};
+  run_collective(*group, fmt::format("summing {} over owners", what),
+                 [&] { return group->allreduce(tensors); });
+  values = sums.data_ptr<double>();
+  for (std::int64_t i = 0; i < count; ++i) {
+    const double present = values[count + i];
+    if (present > 1.5)
+      throw std::runtime_error(fmt::format(
+          "spillway data parallel: parameter #{} of the list has a gradient on {} ranks when "
+          "taking {}: its gradients were not reduced to one owner. Is it managed, and was "
+          "reduce_gradients() called after the last backward?",
+          i, static_cast<int>(present + 0.5), what));
+    figures[static_cast<std::size_t>(i)] =
+        present > 0.5 ? std::optional<double>(values[i]) : std::nullopt;
+  }
+  return figures;
+}
+
+bool on_any_rank(bool condition, std::string_view what) {
+  const c10::intrusive_ptr<c10d::ProcessGroup> group = current_group();
+  if (!group || group->getSize() == 1) return condition;
+  std::lock_guard lock(data_parallel().mutex);
+  begin_operation(*group);
+  std::vector<at::Tensor> flag{at::full({1}, condition ? 1 : 0, at::kInt)};
+  run_collective(*group, fmt::format("asking every rank whether {}", what), [&] {
+    return group->allreduce(flag, c10d::AllreduceOptions{c10d::ReduceOp::MAX});
+  });
+  return flag[0].item<int>() != 0;
+}
 
 void join_data_parallel(ChunkManager& chunks, ClientId client) {
   gather_from_owners(chunks, client);
@@ -263,9 +348,20 @@ void reduce_clients(const std::optional<std::vector<torch::Tensor>>& params) {
     });
   }
   torch_bridge::check_layouts_agree(*group, layouts);
-  for (const torch_bridge::RankLayout& layout : layouts)
-    for (const torch_bridge::ChunkGroup& chunk_group : layout.groups)
+  // Note [A reduction reduces what backward wrote since the last]
+  at::Tensor written = at::zeros({static_cast<std::int64_t>(layouts.size())}, at::kInt);
+  for (std::size_t i = 0; i < layouts.size(); ++i)
+    written[static_cast<std::int64_t>(i)] = torch_bridge::gradients_unreduced(layouts[i]) ? 1 : 0;
+  std::vector<at::Tensor> flags{written};
+  torch_bridge::run_collective(*group, "deciding which models to reduce", [&] {
+    return group->allreduce(flags, c10d::AllreduceOptions{c10d::ReduceOp::MAX});
+  });
+  for (std::size_t i = 0; i < layouts.size(); ++i) {
+    if (written[static_cast<std::int64_t>(i)].item<int>() == 0) continue;
+    for (const torch_bridge::ChunkGroup& chunk_group : layouts[i].groups)
       torch_bridge::reduce_group(chunks, *group, chunk_group);
+    torch_bridge::mark_gradients_reduced(layouts[i]);
+  }
 }
 
 }  // namespace

@@ -2,6 +2,10 @@
 // parallel over chunk groups] in data_parallel.cc). Private to hooks/torch.
 #pragma once
 
+#include <optional>
+#include <string_view>
+#include <vector>
+
 #include "hooks/torch/bridge.h"
 
 namespace spillway::torch_bridge {
@@ -14,6 +18,20 @@ void join_data_parallel(ChunkManager& chunks, ClientId client);
 // With a process group set: every rank takes the values of the parameters
 // other ranks own (after the owners' optimizer step). Nothing without one.
 void gather_owned_parameters(ChunkManager& chunks);
+
+// With a process group set, after reduce_gradients: `figures` holds one
+// figure per parameter of a list every rank passes alike (a gradient's
+// norm, say), present on the rank that holds the gradient; returns the
+// list complete, the same on every rank (Note [Per-parameter figures summed
+// over owners]). Throws std::runtime_error when a figure is present on two
+// ranks (a gradient never reduced), naming `what` is taken. Without a
+// group: `figures` unchanged.
+std::vector<std::optional<double>> owned_figures_everywhere(
+    std::vector<std::optional<double>> figures, std::string_view what);
+
+// Whether `condition` holds on any rank (a gradient overflowed, say): the
+// same answer on every rank. `condition` itself without a group.
+bool on_any_rank(bool condition, std::string_view what);
 
 // With dist:env and no group yet: joins the group torchrun's environment
 // describes (Note [Joining the group torchrun describes], dist_env.cc).

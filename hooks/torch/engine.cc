@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -16,6 +17,7 @@
 #include <sys/stat.h>
 
 #include "hooks/engine/gradient_clipping.h"
+#include "hooks/torch/data_parallel.h"
 #include "hooks/torch/sim_torch_allocator.h"
 #include "hooks/torch/spillway_torch.h"
 
@@ -61,14 +63,20 @@ void report_deepspeed_mapping(const engine::EngineConfig& config) {
 // float32 L2 norm, stacked, squared, summed and raised to 1/2, with torch's
 // own kernels in the same order, so the global norm (and so the clipping
 // factor) is DeepSpeed's to the bit. Parameters without a gradient are left
-// out, as there.
+// out, as there. Under data parallel training each gradient's norm comes
+// from its owner (Note [Per-parameter figures summed over owners]), so the
+// norm is that of the mean gradient, the same on every rank.
 double deepspeed_fp32_global_norm(const std::vector<torch::Tensor>& params) {
   torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> norms;
-  for (const torch::Tensor& param : params) {
-    const torch::Tensor& grad = param.grad();
-    if (grad.defined()) norms.push_back(grad.detach().to(torch::kFloat).norm(2));
+  std::vector<std::optional<double>> owned(params.size());
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const torch::Tensor& grad = params[i].grad();
+    if (grad.defined()) owned[i] = grad.detach().to(torch::kFloat).norm(2).item<double>();
   }
+  owned = torch_bridge::owned_figures_everywhere(std::move(owned), "gradient norms");
+  std::vector<torch::Tensor> norms;
+  for (const std::optional<double>& norm : owned)
+    if (norm.has_value()) norms.push_back(torch::scalar_tensor(*norm, torch::kFloat));
   if (norms.empty()) return 0;
   return torch::stack(norms).square().sum().to(torch::kFloat).pow(1.0 / 2.0).item<double>();
 }
@@ -267,6 +275,9 @@ bool EngineCore::step() {
     return false;
   }
 
+  // Data parallel: each owner's gradients become the mean over the ranks
+  // before anything looks at them (nothing without a group).
+  reduce_gradients(trainable_);
   const bool fp16 = config_.precision == engine::Precision::fp16;
   const engine::ClipPath path = engine::clip_path(config_.precision, config_.zero.stage);
   // fp16 and ZeRO's paths take the norm of the gradients as stored (still

@@ -113,8 +113,10 @@ class RebindAfterAccumulation final : public torch::autograd::FunctionPostHook {
       : managed_(std::move(managed)) {}
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
                                             const torch::autograd::variable_list&) override {
-    if (const std::shared_ptr<ManagedParam> managed = managed_.lock())
+    if (const std::shared_ptr<ManagedParam> managed = managed_.lock()) {
+      managed->gradient_unreduced.store(true, std::memory_order_release);
       rebind_grad_if_replaced(active_chunk_manager(), *managed);
+    }
     return outputs;
   }
 

@@ -111,12 +111,24 @@ void set_process_group(c10::intrusive_ptr<c10d::ProcessGroup> group);
 // order, in fp32); every other gradient is set to none, so any optimizer
 // steps only what this rank owns. A parameter no rank reached keeps no
 // gradient. Call it once per optimizer step, after the last micro-batch's
-// backward when accumulating. Nothing without a group.
+// backward when accumulating. A second call with no backward in between
+// reduces nothing (Note [A reduction reduces what backward wrote since the
+// last]); a backward after it and before the step is not supported. Nothing
+// without a group.
 void reduce_gradients();
 // As above, for the models that hold one of `params` only (an optimizer's:
 // Python's optimizers call it before each step, so that two models with two
 // optimizers are each reduced once, before their own step).
 void reduce_gradients(const std::vector<torch::Tensor>& params);
+// torch::nn::utils::clip_grad_norm_ for data parallel training: reduces the
+// gradients of the models that hold `params` (reduce_gradients(params), so
+// the optimizer's step does not reduce again), then clips by the norm of the
+// mean gradient, the same on every rank and bit for bit the norm torch's
+// function returns in one process holding the mean gradients (Note [Clipping
+// the mean gradient across ranks]). A collective: every rank passes the same
+// parameters. Without a group, torch's function itself.
+double clip_grad_norm_(const std::vector<torch::Tensor>& params, double max_norm,
+                       double norm_type = 2.0, bool error_if_nonfinite = false);
 // This process's rank and the group's size; 0 and 1 without a group.
 int data_parallel_rank();
 int data_parallel_world_size();

@@ -12,6 +12,7 @@
 
 #include "allocator/config/config.h"
 #include "allocator/runtime.h"
+#include "hooks/torch/data_parallel.h"
 #include "hooks/torch/sim_torch_allocator.h"
 #include "hooks/torch/spillway_torch.h"
 #include "python/bindings/bindings.h"
@@ -137,6 +138,12 @@ void bind_runtime(py::module_& module) {
              py::overload_cast<const std::vector<torch::Tensor>&>(&spillway::reduce_gradients),
              py::arg("params"), py::call_guard<py::gil_scoped_release>());
   module.def("data_parallel_world_size", &spillway::data_parallel_world_size);
+  // Note [Per-parameter figures summed over owners]: for the clipping and
+  // the loss scaler's overflow check of spillway/_data_parallel.py.
+  module.def("owned_figures_everywhere", &spillway::torch_bridge::owned_figures_everywhere,
+             py::arg("figures"), py::arg("what"), py::call_guard<py::gil_scoped_release>());
+  module.def("on_any_rank", &spillway::torch_bridge::on_any_rank, py::arg("condition"),
+             py::arg("what"), py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace spillway::python

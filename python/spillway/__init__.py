@@ -28,6 +28,7 @@ from torch.optim.optimizer import (register_optimizer_step_post_hook,
 from . import _C
 from . import _auto
 from . import _checkpoint
+from . import _data_parallel
 from . import optim
 from ._engine import Engine, initialize
 
@@ -75,6 +76,10 @@ def _reduce_before_optimizer(optimizer, args, kwargs):
 
 
 register_optimizer_step_pre_hook(_reduce_before_optimizer)
+
+# Clipping and GradScaler across ranks (Note [Python clipping and loss
+# scaling across ranks] in _data_parallel.py); torch's own without a group.
+_data_parallel.install()
 
 
 def enable(conf=None):

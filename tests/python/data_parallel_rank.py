@@ -2,7 +2,11 @@
 with torch.distributed initialized (Gloo, a file store) and the model
 managed, so that spillway trains it data parallel.
 
-    python data_parallel_rank.py RANK WORLD FOLDER OPTIMIZER
+    python data_parallel_rank.py RANK WORLD FOLDER KIND
+
+KIND: "adam" or "sgd"; "clip" (Adam, gradients clipped to CLIP_NORM by
+torch.nn.utils.clip_grad_norm_); "amp" (SGD under torch.amp.GradScaler,
+whose step OVERFLOW_STEP overflows on the last rank only).
 """
 
 import sys
@@ -15,6 +19,8 @@ BATCH = 8
 INPUTS = 256
 WIDTH = 512
 OUTPUTS = 16
+CLIP_NORM = 0.05
+OVERFLOW_STEP = 1
 
 
 def make_model():
@@ -27,7 +33,7 @@ def make_model():
 
 
 def make_optimizer(kind, params):
-    if kind == "adam":
+    if kind in ("adam", "clip"):
         return torch.optim.Adam(params, lr=1e-3)
     return torch.optim.SGD(params, lr=0.05, momentum=0.9)
 
@@ -36,6 +42,10 @@ def batch(step, rank):
     generator = torch.Generator().manual_seed(1000 * step + rank)
     return (torch.randn(BATCH, INPUTS, generator=generator),
             torch.randn(BATCH, OUTPUTS, generator=generator))
+
+
+def overflows(kind, step, rank, world):
+    return kind == "amp" and step == OVERFLOW_STEP and rank == world - 1
 
 
 def state_of(optimizer, param):
@@ -56,14 +66,36 @@ def main():
     model = make_model()
     spillway.manage(model)  # torch.distributed's default group
     optimizer = make_optimizer(kind, model.parameters())
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8) if kind == "amp" else None
+    norms, scales, finite = [], [], []
     for step in range(STEPS):
         optimizer.zero_grad()
         x, y = batch(step, rank)
-        F.mse_loss(model(x), y).backward()
-        optimizer.step()
+        loss = F.mse_loss(model(x), y)
+        if scaler is None:
+            loss.backward()
+        else:
+            scaler.scale(loss).backward()
+            if overflows(kind, step, rank, world):
+                # One element of the first weight's gradient overflows, on
+                # this rank only. Rank 0 owns that weight (the first chunk),
+                # so after the reduction the other ranks hold finite
+                # gradients alone and must learn of it from rank 0.
+                with torch.no_grad():
+                    model[0].weight.grad[0, 0] = float("inf")
+            finite.append(all(bool(p.grad.isfinite().all()) for p in model.parameters()))
+        if kind == "clip":
+            norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM))
+        if scaler is None:
+            optimizer.step()
+        else:
+            scaler.step(optimizer)
+            scaler.update()
+            scales.append(scaler.get_scale())
     assert all(spillway._C._is_managed(p) for p in model.parameters())
     torch.save({"params": [p.detach().clone() for p in model.parameters()],
-                "states": [state_of(optimizer, p) for p in model.parameters()]},
+                "states": [state_of(optimizer, p) for p in model.parameters()],
+                "norms": norms, "scales": scales, "finite": finite},
                f"{folder}/rank{rank}.pt")
     dist.destroy_process_group()
 

@@ -4,7 +4,12 @@ its default group. Each rank runs data_parallel_rank.py in a process of its
 own; the test compares them with plain torch computing the same mean
 gradient (each rank's micro-batch on its own, summed in rank order, divided
 by the world size), bit for bit, parameters and optimizer state alike, and
-checks that each parameter's state lives on one rank only."""
+checks that each parameter's state lives on one rank only.
+
+Clipping and loss scaling (Note [Python clipping and loss scaling across
+ranks]): torch.nn.utils.clip_grad_norm_ in the loop returns, on every rank,
+the norm torch computes on the mean gradient, bit for bit; a GradScaler
+whose step overflows on one rank skips that step on every rank."""
 
 import os
 import subprocess
@@ -31,10 +36,14 @@ def run_ranks(world, folder, kind):
 
 
 def oracle(world, kind):
+    """Plain torch on the mean gradient. Under "amp" the loss scale is a
+    power of two, so scaled gradients unscale to the same bits, and the
+    overflowing step is skipped."""
     torch.set_num_threads(1)
     model = ranked.make_model()
     params = list(model.parameters())
     optimizer = ranked.make_optimizer(kind, params)
+    norms = []
     for step in range(ranked.STEPS):
         sums = [None] * len(params)
         for rank in range(world):
@@ -45,14 +54,32 @@ def oracle(world, kind):
                 sums[i] = param.grad.clone() if rank == 0 else sums[i].add_(param.grad)
         for param, total in zip(params, sums):
             param.grad = total.div_(world)
+        if kind == "clip":
+            norms.append(torch.nn.utils.clip_grad_norm_(params, ranked.CLIP_NORM))
+        if kind == "amp" and step == ranked.OVERFLOW_STEP:
+            continue
         optimizer.step()
-    return ([p.detach().clone() for p in params], [ranked.state_of(optimizer, p) for p in params])
+    return ([p.detach().clone() for p in params], [ranked.state_of(optimizer, p) for p in params],
+            norms)
 
 
-@pytest.mark.parametrize("world,kind", [(2, "adam"), (3, "sgd")])
+@pytest.mark.parametrize("world,kind", [(2, "adam"), (3, "sgd"), (3, "clip"), (2, "amp")])
 def test_ranks_match_plain_torch_bit_for_bit(tmp_path, world, kind):
     results = run_ranks(world, tmp_path, kind)
-    expected_params, expected_states = oracle(world, kind)
+    expected_params, expected_states, expected_norms = oracle(world, kind)
+    if kind == "clip":
+        assert any(norm > ranked.CLIP_NORM for norm in expected_norms), "nothing was clipped"
+        for rank, result in enumerate(results):
+            assert [n.item() for n in result["norms"]] == [n.item() for n in expected_norms], \
+                f"rank {rank} clipped by another norm"
+    if kind == "amp":
+        for rank, result in enumerate(results):
+            expected_finite = [not ranked.overflows(kind, step, rank, world)
+                               for step in range(ranked.STEPS)]
+            assert result["finite"] == expected_finite, f"rank {rank}"
+            assert result["scales"] == results[0]["scales"], f"rank {rank}'s loss scale"
+        scales = results[0]["scales"]
+        assert scales[ranked.OVERFLOW_STEP] < scales[0], "the overflow did not lower the scale"
     for i, (expected, state) in enumerate(zip(expected_params, expected_states)):
         for rank, result in enumerate(results):
             assert torch.equal(result["params"][i], expected), f"rank {rank}, parameter {i}"

@@ -21,6 +21,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -99,6 +100,9 @@ struct Scenario {
   bool two_models = false;
   // Launched by torchrun, the ranks joining through dist:env.
   bool torchrun = false;
+  // Above 0: gradients clipped to this norm before each step, by
+  // spillway::clip_grad_norm_ on the ranks and torch's on the oracle.
+  double clip_norm = 0;
 };
 
 constexpr int kCriticSeed = 8;
@@ -147,6 +151,7 @@ std::vector<torch::Tensor> state_of(torch::optim::Optimizer& optimizer, const to
 struct RunResult {
   std::vector<torch::Tensor> params;
   std::vector<std::vector<torch::Tensor>> states;
+  std::vector<double> clip_norms;  // per step, when clipping
 };
 
 // Writes `result` flat: per parameter, its values, its state count, its state.
@@ -157,6 +162,7 @@ void save_result(const RunResult& result, const std::string& path) {
     flat.push_back(torch::tensor(static_cast<std::int64_t>(result.states[i].size())));
     for (const auto& s : result.states[i]) flat.push_back(s);
   }
+  flat.push_back(torch::tensor(result.clip_norms, torch::kDouble));
   torch::save(flat, path);
 }
 
@@ -164,6 +170,10 @@ RunResult load_result(const std::string& path) {
   std::vector<torch::Tensor> flat;
   torch::load(flat, path);
   RunResult result;
+  const torch::Tensor norms = flat.back();
+  flat.pop_back();
+  for (std::int64_t i = 0; i < norms.numel(); ++i)
+    result.clip_norms.push_back(norms[i].item<double>());
   for (std::size_t i = 0; i < flat.size();) {
     result.params.push_back(flat[i++]);
     const std::int64_t count = flat[i++].item<std::int64_t>();
@@ -268,12 +278,19 @@ void train_rank(const RankEnvironment& env, const Scenario& scenario) {
   if (scenario.two_models) spillway::manage(critic);
   auto optimizer = make_optimizer(scenario.optimizer, model.parameters());
   auto critic_optimizer = make_optimizer(Optimizer::sgd_momentum, critic.parameters());
+  RunResult result;
   auto train = [&](Mlp& trained, torch::optim::Optimizer& trainer, int step, int batch_offset) {
     trainer.zero_grad();
     for (int micro = 0; micro < scenario.micro_batches; ++micro) {
       auto [x, y] = batch(step + batch_offset, env.rank, micro);
       torch::mse_loss(trained.forward(x, uses_extra(step, env.rank, micro)), y).backward();
     }
+    // Clipping reduces the gradients itself: the reduction below must then
+    // reduce nothing more (Note [A reduction reduces what backward wrote
+    // since the last]).
+    if (scenario.clip_norm > 0)
+      result.clip_norms.push_back(
+          spillway::clip_grad_norm_(trained.parameters(), scenario.clip_norm));
     if (scenario.two_models)
       spillway::reduce_gradients(trained.parameters());  // this model's only
     else
@@ -289,7 +306,6 @@ void train_rank(const RankEnvironment& env, const Scenario& scenario) {
   std::ofstream(state_bytes_path(env.folder, env.rank)) << materialized_state_bytes();
   EXPECT_GT(evictions(), 0) << "the budget should have spilled chunks: "
                             << spillway::memory_stats_json();
-  RunResult result;
   for (const auto& p : model.parameters()) {
     EXPECT_TRUE(spillway::is_managed(p));
     result.params.push_back(p.detach().clone());
@@ -456,6 +472,7 @@ RunResult oracle(const Scenario& scenario, bool concatenated) {
   }
   auto optimizer = make_optimizer(scenario.optimizer, model.parameters());
   auto critic_optimizer = make_optimizer(Optimizer::sgd_momentum, critic.parameters());
+  RunResult result;
   auto train = [&](Mlp& trained, torch::optim::Optimizer& trainer, int step, int batch_offset) {
     const auto params = trained.parameters();
     std::vector<torch::Tensor> sums(params.size());
@@ -490,13 +507,14 @@ RunResult oracle(const Scenario& scenario, bool concatenated) {
       param.mutable_grad() =
           concatenated ? sums[i] : sums[i].div_(static_cast<double>(scenario.world));
     }
+    if (scenario.clip_norm > 0)
+      result.clip_norms.push_back(torch::nn::utils::clip_grad_norm_(params, scenario.clip_norm));
     trainer.step();
   };
   for (int step = 0; step < scenario.steps; ++step) {
     train(model, *optimizer, step, 0);
     if (scenario.two_models) train(critic, *critic_optimizer, step, kCriticBatches);
   }
-  RunResult result;
   for (const auto& p : model.parameters()) {
     result.params.push_back(p.detach().clone());
     result.states.push_back(state_of(*optimizer, p));
@@ -537,6 +555,14 @@ void expect_ranks_match_the_oracle(const Scenario& scenario) {
   for (int rank = 0; rank < scenario.world; ++rank)
     ranks.push_back(load_result(result_path(folder.path, rank)));
 
+  // Every rank clipped by the oracle's norm, to the bit, and some step did clip.
+  for (int rank = 0; rank < scenario.world; ++rank)
+    EXPECT_EQ(ranks[rank].clip_norms, expected.clip_norms) << "rank " << rank;
+  if (scenario.clip_norm > 0)
+    EXPECT_TRUE(std::ranges::any_of(expected.clip_norms, [&](double norm) {
+      return norm > scenario.clip_norm;
+    })) << "no step was clipped: the test would not tell";
+
   std::int64_t state_elements_total = 0;
   std::vector<std::int64_t> state_elements(static_cast<std::size_t>(scenario.world), 0);
   for (std::size_t i = 0; i < expected.params.size(); ++i) {
@@ -544,7 +570,8 @@ void expect_ranks_match_the_oracle(const Scenario& scenario) {
       EXPECT_TRUE(same_bits(ranks[rank].params[i], expected.params[i]))
           << "rank " << rank << ", parameter #" << i;
     EXPECT_TRUE(torch::allclose(expected.params[i], one_process.params[i], 1.3e-6, 1e-5))
-        << "parameter #" << i << " against one process on the concatenated batch";
+        << "parameter #" << i << " against one process on the concatenated batch: max |diff| "
+        << (expected.params[i] - one_process.params[i]).abs().max().item<double>();
     int holders = 0;
     for (int rank = 0; rank < scenario.world; ++rank) {
       const auto& state = ranks[rank].states[i];
@@ -612,9 +639,88 @@ TEST(DataParallel, TorchrunRanksJoinThroughDistEnv) {
       {.world = 2, .steps = 2, .optimizer = Optimizer::adam, .torchrun = true});
 }
 
+// spillway::clip_grad_norm_ clips by the norm of the mean gradient: the
+// oracle's torch::nn::utils::clip_grad_norm_ on the mean, to the bit, on
+// every rank; the reduction after it reduces nothing again. SGD, not Adam:
+// Adam's first steps move a parameter by about lr whatever the size of its
+// gradient, so on gradients clipped this small the concatenated batch's
+// rounding alone would flip some signs and exceed torch's tolerances.
+TEST(DataParallel, ClippingTakesTheNormOfTheMeanGradientOnEveryRank) {
+  expect_ranks_match_the_oracle(
+      {.world = 3, .steps = 3, .optimizer = Optimizer::sgd_momentum, .clip_norm = 0.05});
+}
+
 TEST(DataParallel, GradientAccumulationOverMicroBatchesMatchesTheOracle) {
   expect_ranks_match_the_oracle(
       {.world = 2, .steps = 2, .micro_batches = 2, .optimizer = Optimizer::adam});
+}
+
+// Elementwise ops only (LibTorch's CPU kernels have no fp16 matmul). Each
+// parameter is 1.5 MiB of fp16, so each fills a chunk of its own: with two
+// ranks, rank 0 owns the weight and rank 1 the bias.
+struct Elementwise : torch::nn::Module {
+  static constexpr std::int64_t kSize = 3 << 18;
+  Elementwise() {
+    weight = register_parameter("weight", torch::full({kSize}, 0.5));
+    bias = register_parameter("bias", torch::zeros({kSize}));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return x * weight + bias; }
+  torch::Tensor weight, bias;
+};
+
+// The engine under fp16 with clipping, on two ranks: at step 1 rank 1's
+// batch overflows its gradients while rank 0's stay finite. The loss scaler
+// must skip that step on both ranks, and the norm each rank clips by must
+// be the same (the mean gradient's), so the ranks stay identical.
+TEST(DataParallel, AnFp16OverflowOnOneRankSkipsTheStepOnEveryRank) {
+  constexpr int kSteps = 4;
+  constexpr int kOverflowStep = 1;
+  if (auto env = rank_environment()) {
+    use_conf();
+    spillway::set_process_group(connect(*env));
+    auto engine = spillway::initialize(std::make_shared<Elementwise>(), R"({
+        "optimizer": {"type": "SGD", "params": {"lr": 0.01}}, "gradient_clipping": 1.0,
+        "fp16": {"enabled": true, "initial_scale_power": 4, "hysteresis": 1}})");
+    std::vector<double> applied, scales, norms;
+    for (int step = 0; step < kSteps; ++step) {
+      auto generator = at::make_generator<at::CPUGeneratorImpl>(10 * step + env->rank);
+      torch::Tensor x = at::randn({Elementwise::kSize}, generator);
+      // Large inputs: the weight's gradient, about x^2 times the scale 16,
+      // is past fp16's 65504.
+      if (step == kOverflowStep && env->rank == 1) x.narrow(0, 0, 64).fill_(300);
+      x = x.to(torch::kHalf);
+      engine.backward((engine.forward(x).to(torch::kFloat) - 0.25).pow(2).sum());
+      if (step == kOverflowStep) {
+        bool finite = true;
+        for (const auto& p : engine.module()->parameters())
+          finite = finite && torch::isfinite(p.grad()).all().item<bool>();
+        EXPECT_EQ(finite, env->rank == 0) << "the overflow should be on rank 1 only";
+      }
+      applied.push_back(engine.step() ? 1 : 0);
+      scales.push_back(engine.loss_scale());
+      norms.push_back(engine.last_gradient_norm());
+    }
+    torch::save(
+        std::vector<torch::Tensor>{torch::tensor(applied), torch::tensor(scales),
+                                   torch::tensor(norms), engine.module()->weight.detach().clone(),
+                                   engine.module()->bias.detach().clone()},
+        result_path(env->folder, env->rank));
+    return;
+  }
+  TemporaryFolder folder;
+  run_ranks(2, folder.path);
+  if (::testing::Test::HasFailure()) return;
+  std::vector<std::vector<torch::Tensor>> ranks(2);
+  for (int rank = 0; rank < 2; ++rank) torch::load(ranks[rank], result_path(folder.path, rank));
+  const auto applied = ranks[0][0];
+  for (int step = 0; step < kSteps; ++step)
+    EXPECT_EQ(applied[step].item<double>(), step == kOverflowStep ? 0 : 1) << "step " << step;
+  EXPECT_LT(ranks[0][1][kOverflowStep].item<double>(), ranks[0][1][0].item<double>())
+      << "the overflow should have lowered the loss scale";
+  for (std::size_t i = 0; i < ranks[0].size(); ++i)
+    EXPECT_TRUE(same_bits(ranks[1][i], ranks[0][i]))
+        << "rank 1 differs from rank 0 in result #" << i
+        << " (applied steps, scales, norms, weight, bias)";
 }
 
 // A rank that manages a model of another shape: every rank's manage() fails

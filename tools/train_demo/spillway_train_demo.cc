@@ -23,11 +23,28 @@
 // (--no-spillway --save-result FILE) and compares with what it saved. Both
 // runs use torch's deterministic algorithms, as bit-identity needs on a GPU.
 // Each run prints its tokens per second.
+//
+// --nproc N trains data parallel (docs/data-parallel.md) in N processes of
+// this program on this machine, each a rank on the simulated device: the
+// launcher starts them with torchrun's environment (RANK, WORLD_SIZE,
+// MASTER_ADDR, MASTER_PORT) and dist:env added to the configuration, so the
+// first manage() joins them in a Gloo group. Each step draws N micro-batches
+// and rank r trains the r-th. Rank 0's output is the demo's; each rank ends
+// with the optimizer state it holds, about 1/N of the model's. With --check
+// the launcher then trains one process without spillway on the same N
+// micro-batches per step, their gradients averaged as spillway's reduction
+// averages them, and compares every rank's final parameters and rank 0's
+// losses with it, bit for bit.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -38,7 +55,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -80,7 +99,12 @@ struct DemoOptions {
   bool cuda = false;
   std::string save_result;        // --save-result: the run's losses and final parameters
   std::vector<std::string> argv;  // the command line, for --check's child on CUDA
+  int nproc = 1;                  // --nproc: data parallel ranks on this machine
+  int rank = -1;                  // this process's rank, when a launcher started it
 };
+
+// The launcher marks the ranks it starts with this variable (their rank).
+constexpr const char* kRankVariable = "SPILLWAY_TRAIN_DEMO_RANK";
 
 struct RunResult {
   std::vector<float> losses;
@@ -159,6 +183,11 @@ RunResult train(const DemoOptions& demo, bool managed, const RunResult* plain = 
   TrainerOptions options = demo.trainer;
   options.manage = managed;
   if (demo.cuda) options.device = torch::Device(torch::kCUDA, 0);
+  options.ranks = demo.nproc;
+  if (demo.rank >= 0)
+    options.rank = demo.rank;
+  else
+    options.mean_of_ranks = demo.nproc > 1;  // the launcher's reference
   // The reference is torch's own Adam: spillway's would put the parameters
   // into chunks itself.
   if (!managed) options.optimizer = OptimizerKind::torch_adam;
@@ -240,6 +269,18 @@ RunResult train(const DemoOptions& demo, bool managed, const RunResult* plain = 
         end.value("chunk_fill_ratio", 0.0), mib(stat(end, "chunk_bytes.tensors")),
         mib(stat(end, "chunk_bytes.capacity")));
     fmt::print("  out-of-memory errors {:>10.0f}\n", stat(end, "num_ooms"));
+  }
+  if (managed && demo.rank >= 0) {
+    // Adam's two fp32 tensors per parameter, over the whole model.
+    std::size_t model_state = 0;
+    for (const torch::Tensor& param : trainer.model()->parameters())
+      model_state += 2 * static_cast<std::size_t>(param.numel()) * sizeof(float);
+    const std::size_t held = trainer.optimizer_state_bytes();
+    fmt::print(
+        "data parallel: rank {} of {} holds {:.1f} MiB of optimizer state, {:.3f} of the "
+        "model's {:.1f} MiB (1/{} = {:.3f})\n",
+        demo.rank, demo.nproc, mib(double(held)), double(held) / double(model_state),
+        mib(double(model_state)), demo.nproc, 1.0 / demo.nproc);
   }
   return result;
 }
@@ -331,7 +372,163 @@ RunResult train_reference_in_child(const DemoOptions& demo) {
   return result;
 }
 
+// --- --nproc: the launcher ------------------------------------------------
+
+// A TCP port free on the loopback now, for rank 0's store (as torchrun's
+// --standalone picks one).
+int free_loopback_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;
+  socklen_t length = sizeof(address);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    const std::string error = std::strerror(errno);
+    close(fd);
+    throw std::runtime_error("finding a free port for the ranks' store: " + error);
+  }
+  close(fd);
+  return ntohs(address.sin_port);
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// A temporary folder for the ranks' logs and results, removed at the end.
+struct RankFolder {
+  RankFolder() {
+    char pattern[] = "/tmp/spillway-train-demo-XXXXXX";
+    if (mkdtemp(pattern) == nullptr)
+      throw std::runtime_error(std::string("mkdtemp: ") + std::strerror(errno));
+    path = pattern;
+  }
+  ~RankFolder() { std::system(("rm -rf '" + path + "'").c_str()); }
+  std::string path;
+};
+
+// Starts rank `rank` of `demo.nproc`: this program with the same options
+// (less --check), torchrun's environment and `conf`. Rank 0 writes to this
+// process's output, the others to `log`; `result`, when not empty, is where
+// the rank saves its losses and final parameters.
+pid_t start_rank(const DemoOptions& demo, int rank, int port, const std::string& conf,
+                 const std::string& log, const std::string& result) {
+  std::vector<std::string> args;
+  for (const std::string& arg : demo.argv)
+    if (arg != "--check") args.push_back(arg);
+  if (!result.empty()) {
+    args.emplace_back("--save-result");
+    args.push_back(result);
+  }
+  std::vector<std::string> environment;
+  for (char** variable = environ; *variable != nullptr; ++variable) {
+    const std::string entry = *variable;
+    const std::string name = entry.substr(0, entry.find('='));
+    if (name != "SPILLWAY_CONF" && name != "RANK" && name != "WORLD_SIZE" && name != "LOCAL_RANK" &&
+        name != "MASTER_ADDR" && name != "MASTER_PORT" && name != "TORCHELASTIC_USE_AGENT_STORE" &&
+        name != kRankVariable)
+      environment.push_back(entry);
+  }
+  for (const std::string& entry :
+       {"SPILLWAY_CONF=" + conf, "RANK=" + std::to_string(rank),
+        "LOCAL_RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(demo.nproc),
+        std::string("MASTER_ADDR=127.0.0.1"), "MASTER_PORT=" + std::to_string(port),
+        std::string(kRankVariable) + "=" + std::to_string(rank)})
+    environment.push_back(entry);
+  std::vector<char*> argv, envp;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  for (std::string& entry : environment) envp.push_back(entry.data());
+  envp.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  if (rank != 0) {
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  }
+  std::fflush(stdout);
+  pid_t child = 0;
+  const int error =
+      posix_spawn(&child, "/proc/self/exe", &actions, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  if (error != 0)
+    throw std::runtime_error(fmt::format("starting rank {}: {}", rank, std::strerror(error)));
+  return child;
+}
+
+int launch_ranks(const DemoOptions& demo) {
+  if (demo.cuda)
+    throw std::invalid_argument(
+        "--nproc trains on the simulated device (the NCCL path is not built yet); drop --cuda");
+  if (demo.no_spillway) throw std::invalid_argument("--nproc trains under spillway only");
+  if (!demo.trace.empty() || !demo.dump_trace.empty())
+    throw std::invalid_argument("--nproc writes no trace (each rank would write the same file)");
+  if (!demo.save_result.empty())
+    throw std::invalid_argument("--nproc saves no result (each rank has its own)");
+  std::string conf = configuration_text("", false);
+  if (conf.find("dist:") == std::string::npos)
+    conf += ",dist:env";
+  else if (conf.find("dist:env") == std::string::npos)
+    throw std::invalid_argument(
+        "--nproc joins the ranks through dist:env; SPILLWAY_CONF says "
+        "otherwise (" +
+        conf + ")");
+  const int port = free_loopback_port();
+  RankFolder folder;
+  auto log_of = [&](int rank) { return fmt::format("{}/rank{}.log", folder.path, rank); };
+  auto result_of = [&](int rank) { return fmt::format("{}/rank{}.pt", folder.path, rank); };
+  fmt::print(
+      "data parallel: {} ranks on this machine (Gloo, store on 127.0.0.1:{}); rank 0's output "
+      "follows\n",
+      demo.nproc, port);
+  std::vector<pid_t> children;
+  for (int rank = 0; rank < demo.nproc; ++rank)
+    children.push_back(start_rank(demo, rank, port, conf, log_of(rank),
+                                  demo.check ? result_of(rank) : std::string()));
+  std::vector<int> failed;
+  for (int rank = 0; rank < demo.nproc; ++rank) {
+    int status = 0;
+    while (waitpid(children[static_cast<std::size_t>(rank)], &status, 0) < 0 && errno == EINTR) {
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failed.push_back(rank);
+  }
+  for (int rank = 1; rank < demo.nproc; ++rank) {
+    // The other ranks' state lines, so that the split shows.
+    std::istringstream lines(read_text(log_of(rank)));
+    for (std::string line; std::getline(lines, line);)
+      if (line.rfind("data parallel:", 0) == 0) fmt::print("{}\n", line);
+  }
+  if (!failed.empty()) {
+    for (const int rank : failed)
+      if (rank != 0)
+        fmt::print(stderr, "--- rank {} failed; its output:\n{}", rank, read_text(log_of(rank)));
+    throw std::runtime_error(
+        fmt::format("rank(s) {} of {} failed", fmt::join(failed, ", "), demo.nproc));
+  }
+  if (!demo.check) return 0;
+  fmt::print("check: one process without spillway, each step's {} micro-batches averaged\n",
+             demo.nproc);
+  const RunResult reference = train(demo, /*managed=*/false);
+  int status = 0;
+  for (int rank = 0; rank < demo.nproc; ++rank) {
+    RunResult ranked = load_result(result_of(rank));
+    // The losses are each rank's own micro-batch's: rank 0's are the reference's.
+    if (rank != 0) ranked.losses = reference.losses;
+    fmt::print("rank {}: ", rank);
+    status |= compare(reference, ranked);
+  }
+  return status;
+}
+
 int run(const DemoOptions& demo) {
+  if (demo.nproc > 1 && demo.rank < 0) return launch_ranks(demo);
   if (demo.no_spillway && !demo.check && demo.trainer.optimizer != OptimizerKind::torch_adam)
     throw std::invalid_argument("--no-spillway trains with torch-adam (" + demo.optimizer +
                                 " keeps its state in spillway's chunks)");
@@ -342,13 +539,16 @@ int run(const DemoOptions& demo) {
   if (!demo.save_result.empty() && demo.check)
     throw std::invalid_argument("--save-result saves one run; --check trains two");
   const bool managed_run = demo.check || !demo.no_spillway;
+  const bool a_rank = demo.rank >= 0;
   if (demo.cuda) prepare_cuda();
   if (managed_run) spillway::configure(configuration_text(demo.trace, demo.cuda));
   // Before torch's first CUDA allocation: the allocator is chosen once per process.
   if (managed_run && demo.cuda) spillway::use_as_torch_cuda_allocator();
   print_header(demo);
   std::optional<RunResult> plain, managed;
-  if (demo.check && demo.cuda) {
+  if (a_rank) {
+    // A rank of --nproc: the managed run alone (the launcher checks).
+  } else if (demo.check && demo.cuda) {
     plain = train_reference_in_child(demo);
   } else if (demo.check || demo.no_spillway || !demo.cuda) {
     // On the simulated device the plain run also times the same model without
@@ -378,7 +578,7 @@ int run(const DemoOptions& demo) {
     fmt::print("trace snapshot: {}, {} events, {} steps, {} bytes fetched (as the statistics)\n",
                demo.dump_trace, read.trace->events.size(), steps, fetched_bytes);
   }
-  return demo.check ? compare(*plain, *managed) : 0;
+  return demo.check && !a_rank ? compare(*plain, *managed) : 0;
 }
 
 }  // namespace
@@ -423,8 +623,14 @@ int main(int argc, char** argv) {
   app.add_option("--save-result", demo.save_result,
                  "write the run's losses and final parameters here (torch::save), for a "
                  "comparison in another process");
+  app.add_option("--nproc", demo.nproc,
+                 "train data parallel in this many processes on this machine (Gloo, the "
+                 "simulated device); with --check, compare every rank with one process "
+                 "averaging the same micro-batches")
+      ->check(CLI::PositiveNumber);
   demo.argv.assign(argv, argv + argc);
   CLI11_PARSE(app, argc, argv);
+  if (const char* rank = std::getenv(kRankVariable)) demo.rank = std::atoi(rank);
   try {
     demo.trainer.optimizer = parse_optimizer(demo.optimizer);
     demo.trainer.dtype = demo.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;

@@ -59,27 +59,81 @@ Trainer::Trainer(const TrainerOptions& options)
   optimizer_ = make_optimizer(options.optimizer, model_->parameters(), options.learning_rate);
 }
 
-float Trainer::step() {
-  Batch batch = task_.next_batch(options_.batch, options_.model.sequence);
-  if (options_.device != torch::kCPU) {
-    batch.tokens = batch.tokens.to(options_.device);
-    batch.targets = batch.targets.to(options_.device);
-  }
-  optimizer_->zero_grad();
+torch::Tensor Trainer::loss_of(const Batch& batch) {
   // The loss in float whatever the model's dtype (a no-op for float).
-  const torch::Tensor logits = model_->forward(batch.tokens).to(torch::kFloat);
-  const torch::Tensor loss = torch::nn::functional::cross_entropy(
-      logits.reshape({-1, options_.model.vocab}), batch.targets.reshape({-1}));
+  const torch::Tensor logits = model_->forward(batch.tokens.to(options_.device)).to(torch::kFloat);
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, options_.model.vocab}),
+                                              batch.targets.to(options_.device).reshape({-1}));
+}
+
+float Trainer::step() {
+  std::vector<Batch> batches;
+  for (int r = 0; r < options_.ranks; ++r)
+    batches.push_back(task_.next_batch(options_.batch, options_.model.sequence));
+  if (options_.mean_of_ranks) return step_mean_of_ranks(batches);
+  optimizer_->zero_grad();
+  const torch::Tensor loss = loss_of(batches[static_cast<std::size_t>(options_.rank)]);
   loss.backward();
+  spillway::reduce_gradients();  // nothing without a process group
   optimizer_->step();
   spillway::step();
   return loss.item<float>();
 }
 
+float Trainer::step_mean_of_ranks(const std::vector<Batch>& batches) {
+  const std::vector<torch::Tensor> params = model_->parameters();
+  std::vector<torch::Tensor> sums(params.size());
+  float first_loss = 0;
+  for (std::size_t r = 0; r < batches.size(); ++r) {
+    optimizer_->zero_grad();
+    const torch::Tensor loss = loss_of(batches[r]);
+    loss.backward();
+    if (r == 0) first_loss = loss.item<float>();
+    torch::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const torch::Tensor grad = params[i].grad();
+      if (!grad.defined()) continue;
+      if (sums[i].defined())
+        sums[i].add_(grad);
+      else  // a rank before this one may not have reached it: zeros, as the reduction sends
+        sums[i] = r == 0 ? grad.clone() : torch::zeros_like(grad).add_(grad);
+    }
+  }
+  torch::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    torch::Tensor param = params[i];
+    if (sums[i].defined())
+      param.mutable_grad() = sums[i].div_(static_cast<double>(batches.size()));
+    else
+      param.mutable_grad().reset();
+  }
+  optimizer_->step();
+  return first_loss;
+}
+
+std::size_t Trainer::optimizer_state_bytes() {
+  if (auto* chunked = dynamic_cast<spillway::optim::ChunkedOptimizer*>(optimizer_.get())) {
+    std::size_t bytes = 0;
+    for (const torch::Tensor& param : model_->parameters()) {
+      const auto state = chunked->param_state(param);
+      if (!state.has_value() || !state->started) continue;
+      for (const torch::Tensor& slot : state->slots) bytes += slot.nbytes();
+    }
+    return bytes;
+  }
+  std::size_t bytes = 0;
+  for (const auto& [key, state] : optimizer_->state()) {
+    if (const auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(state.get()))
+      bytes += adam->exp_avg().nbytes() + adam->exp_avg_sq().nbytes();
+  }
+  return bytes;
+}
+
 std::vector<torch::Tensor> Trainer::parameter_copies() {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> copies;
-  for (const torch::Tensor& param : model_->parameters()) copies.push_back(param.to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true));
+  for (const torch::Tensor& param : model_->parameters())
+    copies.push_back(param.to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true));
   return copies;
 }
 

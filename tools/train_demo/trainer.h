@@ -42,14 +42,26 @@ struct TrainerOptions {
   // Where the model and the batches live: the CPU (the simulated device's
   // memory when spillway manages them there) or a CUDA device.
   torch::Device device = torch::kCPU;
+  // Data parallel (docs/data-parallel.md): each step draws `ranks`
+  // micro-batches of `batch` sequences from the one stream, in rank order.
+  // A rank trains micro-batch `rank`, reducing gradients across the ranks
+  // (spillway's process group) before the optimizer step. With
+  // `mean_of_ranks`, one process trains all of them instead, as the
+  // reference: each micro-batch's gradient on its own, summed in rank order
+  // and divided by `ranks`, which is what spillway's reduction computes.
+  int ranks = 1;
+  int rank = 0;
+  bool mean_of_ranks = false;
 };
 
 class Trainer {
  public:
   explicit Trainer(const TrainerOptions& options);
 
-  // zero_grad, forward, cross-entropy loss, backward, optimizer step,
-  // spillway::step(). Returns the loss.
+  // zero_grad, forward, cross-entropy loss, backward, the gradients' reduction
+  // across ranks (nothing without a process group), optimizer step,
+  // spillway::step(). Returns the loss of this rank's micro-batch (rank 0's
+  // with mean_of_ranks).
   float step();
 
   Gpt& model() { return model_; }
@@ -60,12 +72,19 @@ class Trainer {
   // spillway_adam the optimizer's two fp32 state tensors per parameter (and
   // an fp32 master copy of a bf16 parameter).
   std::size_t model_data_bytes();
+  // Bytes of optimizer state this process holds: tensors in torch's
+  // optimizer's state, or spillway's optimizer's state chunks that hold
+  // bytes. Under data parallel training, about 1/ranks of the model's.
+  std::size_t optimizer_state_bytes();
 
  private:
   TrainerOptions options_;
   Gpt model_{nullptr};
   MarkovTask task_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
+
+  float step_mean_of_ranks(const std::vector<Batch>& batches);
+  torch::Tensor loss_of(const Batch& batch);
 };
 
 }  // namespace spillway::train_demo
