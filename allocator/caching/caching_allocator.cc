@@ -127,11 +127,25 @@
 //   3. return every fully free cached segment (all pools, all streams) to
 //      the device, then a new segment (counted in num_alloc_retries);
 //   4. wait for deferred frees, then 1 and 3 again;
-//   5. ask each pressure handler to free memory, each followed by 1 and 3;
+//   5. ask each pressure handler to free memory, each followed by 1 and 3,
+//      and ask it again while it frees something;
 //   6. out of memory: the error says what was asked and who holds what.
 // A device malloc that fails (out_of_memory, an injected fault) counts like a
 // full budget and moves on down the chain. Nothing in steps 1-5 leaves the
 // allocator inconsistent, so after an out-of-memory it keeps serving.
+//
+// Note [Asking a handler until the request fits]
+// A handler frees what it was asked for (the chunk manager evicts chunks
+// until their device copies add up to the request), but freed blocks help
+// the request only once they make a whole segment free, which step 3 gives
+// back to the device, or when they sit on the request's stream. An evicted
+// chunk of an odd size shares its segment with other blocks, and a chunk's
+// slab lies on the fetch stream, so the first round may free enough bytes
+// and still leave the request without room: asked once, the allocator
+// failed with most of the budget in chunks it could have spilled. So it asks
+// the same handler again after each failed retry, until the request fits or
+// the handler frees nothing (it has nothing left to give). Each round frees
+// at least one block, so the loop ends.
 //
 // Note [Segments near the budget]
 // When a whole large slab does not fit in what is left of the budget, a
@@ -485,19 +499,26 @@ Status CachingAllocator::Impl::allocate(void** ptr, std::size_t bytes, Stream st
       return Status::ok;
     }
   }
-  // 5. Ask the pressure handlers (Note [Pressure handlers run unlocked]).
+  // 5. Ask the pressure handlers (Note [Pressure handlers run unlocked]),
+  // each again for as long as it frees something (Note [Asking a handler
+  // until the request fits]).
   for (PressureHandler* handler : pressure_handlers_snapshot()) {
-    const std::size_t relieved = handler->relieve_pressure(request.size, stream);
-    wait_for_deferred_frees();  // in case what it freed was in use on other streams
-    std::lock_guard lock(mutex);
-    if (Block* block = retry_locked(request, &failure)) {
-      *ptr = hand_out_locked(block, request);
-      if (relieved > 0) {
-        ++stats.num_spills_for_allocation;
-        trace_locked(TraceEventKind::spill_for_allocation, stream,
-                     reinterpret_cast<std::uintptr_t>(*ptr), request.asked_bytes);
+    std::size_t relieved_in_all = 0;
+    for (;;) {
+      const std::size_t relieved = handler->relieve_pressure(request.size, stream);
+      relieved_in_all += relieved;
+      wait_for_deferred_frees();  // in case what it freed was in use on other streams
+      std::lock_guard lock(mutex);
+      if (Block* block = retry_locked(request, &failure)) {
+        *ptr = hand_out_locked(block, request);
+        if (relieved_in_all > 0) {
+          ++stats.num_spills_for_allocation;
+          trace_locked(TraceEventKind::spill_for_allocation, stream,
+                       reinterpret_cast<std::uintptr_t>(*ptr), request.asked_bytes);
+        }
+        return Status::ok;
       }
-      return Status::ok;
+      if (relieved == 0) break;
     }
   }
   // 6. Out of memory.

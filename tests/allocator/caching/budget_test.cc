@@ -301,6 +301,32 @@ TEST(CachingAllocatorPressureHandlers, HandlerFreesBlocksAndTheRetrySucceeds) {
   allocator.remove_pressure_handler(&chunks);
 }
 
+// Note [Asking a handler until the request fits]: the first block the
+// handler frees leaves its slab half full, on the handler's stream, so the
+// request on another stream fits only after a second round empties the slab.
+TEST(CachingAllocatorPressureHandlers, HandlerIsAskedAgainUntilWhatItFreesMakesRoom) {
+  SimDevice device(sim_options(256 * MiB));
+  Stream compute, copy;
+  ASSERT_EQ(device.create_stream(&compute), Status::ok);
+  ASSERT_EQ(device.create_stream(&copy), Status::ok);
+  CachingAllocator allocator(device, allocator_options(16 * MiB, 8 * MiB));
+  BlockHolder chunks(allocator, "chunks");
+  allocator.add_pressure_handler(&chunks);
+  // Two 8 MiB slabs, two "chunks" in each, fill the budget.
+  for (int i = 0; i < 4; ++i) chunks.hold(allocate_ok(allocator, 4 * MiB, copy), 4 * MiB);
+  ASSERT_EQ(allocator.stats().reserved_bytes.current, static_cast<std::int64_t>(16 * MiB));
+
+  void* activation = allocate_ok(allocator, 3 * MiB, compute);
+  EXPECT_EQ(chunks.calls, 2);
+  const Stats stats = allocator.stats();
+  EXPECT_EQ(stats.num_ooms, 0);
+  EXPECT_EQ(stats.num_spills_for_allocation, 1);
+  EXPECT_EQ(stats.allocated_bytes.current, static_cast<std::int64_t>(8 * MiB + 3 * MiB));
+  EXPECT_LE(stats.reserved_bytes.current, static_cast<std::int64_t>(16 * MiB));
+  ASSERT_EQ(allocator.deallocate(activation), Status::ok);
+  allocator.remove_pressure_handler(&chunks);
+}
+
 TEST(CachingAllocatorPressureHandlers, HandlerThatFreesNothingLeadsToOutOfMemory) {
   SimDevice device(sim_options(256 * MiB));
   CachingAllocator allocator(device, allocator_options(8 * MiB, 8 * MiB));
