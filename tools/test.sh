@@ -53,6 +53,10 @@ ctest_args=(--test-dir "$build" --output-on-failure -j"$jobs")
 if [[ $sanitizer == thread ]]; then
   # Long single-threaded tests, where TSan has nothing to check.
   ctest_args+=(-LE no_tsan)
+elif [[ $sanitizer == address ]]; then
+  # Long runs whose code paths shorter tests take under ASan (the label's
+  # comment says which).
+  ctest_args+=(-LE no_asan)
 fi
 
 log="$build/ctest.log"

@@ -11,7 +11,20 @@
 // that dies inside the operation itself is not behind, and the error says
 // that none is known. A rank blocked behind another's failure (a barrier
 // that waits on rank 0, say) is not behind either, so it is not blamed.
+//
+// Note [Counting what the collectives move]
+// data_parallel_traffic() is what the dp_comm_bytes_vs_min benchmark
+// divides by the minimum a step must move, so it counts what each
+// collective must move to or from the other ranks by its meaning, not what
+// Gloo's algorithm happens to send: an all-gather of b bytes per rank sends
+// b to each of the N-1 others and receives as much; an all-reduce of b
+// bytes moves 2(N-1)/N b each way, as a ring does; an all-to-all sends every
+// segment but this rank's own. Padding and flags sent beside the values
+// count, since they cross. The store's traffic (note_progress) does not: it
+// is a few bytes per operation and goes to the store, not the ranks.
 #include "hooks/torch/collective_wait.h"
+
+#include <atomic>
 
 #include <stdexcept>
 #include <string>
@@ -19,6 +32,8 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include "hooks/torch/spillway_torch.h"
 
 namespace spillway::torch_bridge {
 
@@ -50,7 +65,21 @@ std::vector<int> ranks_behind(c10d::ProcessGroup& group) {
   return behind;
 }
 
+std::atomic<std::int64_t> bytes_sent{0};
+std::atomic<std::int64_t> bytes_received{0};
+std::atomic<std::int64_t> collectives{0};
+
 }  // namespace
+
+CollectivePayload all_gather_payload(std::int64_t bytes_per_rank, int world_size) {
+  const std::int64_t others = world_size - 1;
+  return {bytes_per_rank * others, bytes_per_rank * others};
+}
+
+CollectivePayload all_reduce_payload(std::int64_t bytes, int world_size) {
+  const std::int64_t each_way = 2 * (world_size - 1) * bytes / world_size;
+  return {each_way, each_way};
+}
 
 void note_progress(c10d::ProcessGroup& group, std::uint64_t sequence) {
   const c10::intrusive_ptr<c10d::Store> store = group.getStore();
@@ -59,8 +88,11 @@ void note_progress(c10d::ProcessGroup& group, std::uint64_t sequence) {
   store->set(progress_key(group.getRank()), std::vector<std::uint8_t>(value.begin(), value.end()));
 }
 
-void run_collective(c10d::ProcessGroup& group, std::string_view what,
+void run_collective(c10d::ProcessGroup& group, std::string_view what, CollectivePayload payload,
                     const std::function<c10::intrusive_ptr<c10d::Work>()>& issue) {
+  bytes_sent.fetch_add(payload.sent, std::memory_order_relaxed);
+  bytes_received.fetch_add(payload.received, std::memory_order_relaxed);
+  collectives.fetch_add(1, std::memory_order_relaxed);
   try {
     issue()->wait();
   } catch (const std::exception& e) {
@@ -76,3 +108,16 @@ void run_collective(c10d::ProcessGroup& group, std::string_view what,
 }
 
 }  // namespace spillway::torch_bridge
+
+namespace spillway {
+
+DataParallelTraffic data_parallel_traffic() {
+  using torch_bridge::bytes_received;
+  using torch_bridge::bytes_sent;
+  using torch_bridge::collectives;
+  return {bytes_sent.load(std::memory_order_relaxed),
+          bytes_received.load(std::memory_order_relaxed),
+          collectives.load(std::memory_order_relaxed)};
+}
+
+}  // namespace spillway

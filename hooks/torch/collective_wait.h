@@ -16,10 +16,24 @@ namespace spillway::torch_bridge {
 // compares. Every rank counts the same operations.
 void note_progress(c10d::ProcessGroup& group, std::uint64_t sequence);
 
-// Issues a collective with `issue` and waits for it. When either fails,
-// throws std::runtime_error saying `what` failed, which ranks never reached
-// this operation, and the backend's own message.
-void run_collective(c10d::ProcessGroup& group, std::string_view what,
+// The bytes one collective moves between this rank and the others, by what
+// the collective means rather than how the backend does it: what a
+// bandwidth-optimal algorithm sends and receives (Note [Counting what the
+// collectives move] in collective_wait.cc).
+struct CollectivePayload {
+  std::int64_t sent = 0;
+  std::int64_t received = 0;
+};
+// An all-gather of `bytes_per_rank` from each rank.
+CollectivePayload all_gather_payload(std::int64_t bytes_per_rank, int world_size);
+// An all-reduce of `bytes` (ring: a reduce-scatter, then an all-gather).
+CollectivePayload all_reduce_payload(std::int64_t bytes, int world_size);
+
+// Issues a collective with `issue`, waits for it and counts `payload` into
+// the process's traffic (spillway::data_parallel_traffic). When either
+// fails, throws std::runtime_error saying `what` failed, which ranks never
+// reached this operation, and the backend's own message.
+void run_collective(c10d::ProcessGroup& group, std::string_view what, CollectivePayload payload,
                     const std::function<c10::intrusive_ptr<c10d::Work>()>& issue);
 
 }  // namespace spillway::torch_bridge

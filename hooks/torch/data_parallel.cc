@@ -117,7 +117,8 @@ void gather_group(c10d::ProcessGroup& group, const ChunkGroup& chunk_group) {
     offset += bytes(*managed);
   }
   at::Tensor all = at::empty({widest * world}, at::kByte);
-  run_collective(group, "gathering parameters", [&] { return group._allgather_base(all, mine); });
+  run_collective(group, "gathering parameters", all_gather_payload(widest, world),
+                 [&] { return group._allgather_base(all, mine); });
   for (int owner = 0; owner < world; ++owner) {
     if (owner == rank) continue;
     offset = widest * owner;
@@ -165,7 +166,10 @@ void reduce_group(ChunkManager& chunks, c10d::ProcessGroup& group, const ChunkGr
   const std::int64_t own = segment[static_cast<std::size_t>(rank)];
   at::Tensor received = at::empty({own * world}, at::kFloat);
   std::vector<std::int64_t> output_splits(static_cast<std::size_t>(world), own);
-  run_collective(group, "reducing gradients",
+  // Every segment crosses but this rank's own, sent and received alike.
+  const std::int64_t element = static_cast<std::int64_t>(sizeof(float));
+  const CollectivePayload payload{(total - own) * element, own * (world - 1) * element};
+  run_collective(group, "reducing gradients", payload,
                  [&] { return group.alltoall_base(received, send, output_splits, segment); });
   send.reset();  // room for what follows
 
@@ -216,22 +220,31 @@ void reduce_group(ChunkManager& chunks, c10d::ProcessGroup& group, const ChunkGr
   }
 }
 
+// Calls `visit` with every parameter of the layout; stops at the first
+// that returns true, and says whether one did.
+template <typename Visit>
+bool any_param(const RankLayout& layout, Visit visit) {
+  for (const ChunkGroup& chunk_group : layout.groups)
+    for (const auto& member : chunk_group.members)
+      for (const auto& managed : member)
+        if (visit(*managed)) return true;
+  return false;
+}
+
 // Whether backward wrote a gradient of the layout's parameters since its
 // last reduction (Note [A reduction reduces what backward wrote since the
 // last]).
 bool gradients_unreduced(const RankLayout& layout) {
-  for (const ChunkGroup& chunk_group : layout.groups)
-    for (const auto& member : chunk_group.members)
-      for (const auto& managed : member)
-        if (managed->gradient_unreduced.load(std::memory_order_acquire)) return true;
-  return false;
+  return any_param(layout, [](const ManagedParam& managed) {
+    return managed.gradient_unreduced.load(std::memory_order_acquire);
+  });
 }
 
 void mark_gradients_reduced(const RankLayout& layout) {
-  for (const ChunkGroup& chunk_group : layout.groups)
-    for (const auto& member : chunk_group.members)
-      for (const auto& managed : member)
-        managed->gradient_unreduced.store(false, std::memory_order_release);
+  any_param(layout, [](ManagedParam& managed) {
+    managed.gradient_unreduced.store(false, std::memory_order_release);
+    return false;
+  });
 }
 
 c10::intrusive_ptr<c10d::ProcessGroup> current_group() {
@@ -280,6 +293,7 @@ std::vector<std::optional<double>> owned_figures_everywhere(
   }
   std::vector<at::Tensor> tensors{sums};
   run_collective(*group, fmt::format("summing {} over owners", what),
+                 all_reduce_payload(sums.nbytes(), group->getSize()),
                  [&] { return group->allreduce(tensors); });
   values = sums.data_ptr<double>();
   for (std::int64_t i = 0; i < count; ++i) {
@@ -302,9 +316,10 @@ bool on_any_rank(bool condition, std::string_view what) {
   std::lock_guard lock(data_parallel().mutex);
   begin_operation(*group);
   std::vector<at::Tensor> flag{at::full({1}, condition ? 1 : 0, at::kInt)};
-  run_collective(*group, fmt::format("asking every rank whether {}", what), [&] {
-    return group->allreduce(flag, c10d::AllreduceOptions{c10d::ReduceOp::MAX});
-  });
+  run_collective(*group, fmt::format("asking every rank whether {}", what),
+                 all_reduce_payload(flag[0].nbytes(), group->getSize()), [&] {
+                   return group->allreduce(flag, c10d::AllreduceOptions{c10d::ReduceOp::MAX});
+                 });
   return flag[0].item<int>() != 0;
 }
 
@@ -353,9 +368,10 @@ void reduce_clients(const std::optional<std::vector<torch::Tensor>>& params) {
   for (std::size_t i = 0; i < layouts.size(); ++i)
     written[static_cast<std::int64_t>(i)] = torch_bridge::gradients_unreduced(layouts[i]) ? 1 : 0;
   std::vector<at::Tensor> flags{written};
-  torch_bridge::run_collective(*group, "deciding which models to reduce", [&] {
-    return group->allreduce(flags, c10d::AllreduceOptions{c10d::ReduceOp::MAX});
-  });
+  torch_bridge::run_collective(
+      *group, "deciding which models to reduce",
+      torch_bridge::all_reduce_payload(written.nbytes(), group->getSize()),
+      [&] { return group->allreduce(flags, c10d::AllreduceOptions{c10d::ReduceOp::MAX}); });
   for (std::size_t i = 0; i < layouts.size(); ++i) {
     if (written[static_cast<std::int64_t>(i)].item<int>() == 0) continue;
     for (const torch_bridge::ChunkGroup& chunk_group : layouts[i].groups)

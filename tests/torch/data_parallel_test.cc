@@ -831,3 +831,67 @@ TEST(DataParallel, ManageGivesEveryRankTheOwnersValues) {
 }
 
 }  // namespace
+
+// Six parameters of one chunk each (2 MiB of fp32): with 3 ranks, two full
+// groups, so each step's reduction and gathering must move the minimum,
+// 2(N-1)/N of the parameter bytes plus as much of the gradient bytes, and
+// no more than the flags and the layout checks beside them (Note [Counting
+// what the collectives move]).
+struct ChunkSizedParams : torch::nn::Module {
+  static constexpr std::int64_t kCount = 6;
+  static constexpr std::int64_t kBytes = std::int64_t{2} << 20;
+  ChunkSizedParams() {
+    for (std::int64_t i = 0; i < kCount; ++i)
+      params.push_back(register_parameter("p" + std::to_string(i), torch::randn({512, 1024})));
+  }
+  torch::Tensor loss(double scale) {
+    torch::Tensor total = torch::zeros({});
+    for (const auto& p : params) total = total + (p * scale).square().sum();
+    return total;
+  }
+  std::vector<torch::Tensor> params;
+};
+
+TEST(DataParallel, AStepMovesTheMinimumBytesPlusFlags) {
+  constexpr int kWorld = 3;
+  constexpr std::int64_t kSteps = 2;
+  if (auto env = rank_environment()) {
+    use_conf();
+    torch::manual_seed(7);
+    ChunkSizedParams model;
+    spillway::set_process_group(connect(*env));
+    spillway::manage(model);
+    torch::optim::SGD optimizer(model.parameters(), torch::optim::SGDOptions(0.01));
+    const spillway::DataParallelTraffic before = spillway::data_parallel_traffic();
+    for (std::int64_t step = 0; step < kSteps; ++step) {
+      optimizer.zero_grad();
+      model.loss(1.0 + env->rank).backward();
+      spillway::reduce_gradients();
+      optimizer.step();
+      spillway::step();
+    }
+    const spillway::DataParallelTraffic after = spillway::data_parallel_traffic();
+    std::ofstream(env->folder + "/traffic" + std::to_string(env->rank))
+        << (after.bytes_sent - before.bytes_sent) << " "
+        << (after.bytes_received - before.bytes_received);
+    return;
+  }
+  TemporaryFolder folder;
+  run_ranks(kWorld, folder.path);
+  if (::testing::Test::HasFailure()) return;
+  // Each way, per step: (N-1)/N of the parameters and of the gradients.
+  constexpr std::int64_t kModelBytes = ChunkSizedParams::kCount * ChunkSizedParams::kBytes;
+  constexpr std::int64_t kMinimum = 2 * kModelBytes * (kWorld - 1) / kWorld;
+  std::int64_t all_sent = 0, all_received = 0;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    std::int64_t sent = 0, received = 0;
+    std::ifstream(folder.path + "/traffic" + std::to_string(rank)) >> sent >> received;
+    for (const std::int64_t moved : {sent, received}) {
+      EXPECT_GE(moved, kSteps * kMinimum) << "rank " << rank;
+      EXPECT_LE(moved, kSteps * (kMinimum + 1024)) << "rank " << rank;
+    }
+    all_sent += sent;
+    all_received += received;
+  }
+  EXPECT_EQ(all_sent, all_received) << "what the ranks sent, they received";
+}

@@ -100,6 +100,7 @@ struct DemoOptions {
   std::string save_result;        // --save-result: the run's losses and final parameters
   std::vector<std::string> argv;  // the command line, for --check's child on CUDA
   int nproc = 1;                  // --nproc: data parallel ranks on this machine
+  std::string figures;            // --figures: the run's figures as JSON (bench/dp)
   int rank = -1;                  // this process's rank, when a launcher started it
 };
 
@@ -111,6 +112,7 @@ struct RunResult {
   std::vector<double> step_ms;
   std::vector<torch::Tensor> final_params;
   double seconds = 0;
+  nlohmann::json figures;  // the managed run's: what --figures writes
 };
 
 double mib(double bytes) { return bytes / 1048576.0; }
@@ -197,6 +199,7 @@ RunResult train(const DemoOptions& demo, bool managed, const RunResult* plain = 
   RunResult result;
   nlohmann::json before = managed ? stats() : nlohmann::json::object();
   const nlohmann::json at_start = before;
+  const spillway::DataParallelTraffic traffic_at_start = spillway::data_parallel_traffic();
   const auto start = std::chrono::steady_clock::now();
   for (int step = 1; step <= demo.steps; ++step) {
     const auto step_start = std::chrono::steady_clock::now();
@@ -270,17 +273,45 @@ RunResult train(const DemoOptions& demo, bool managed, const RunResult* plain = 
         mib(stat(end, "chunk_bytes.capacity")));
     fmt::print("  out-of-memory errors {:>10.0f}\n", stat(end, "num_ooms"));
   }
-  if (managed && demo.rank >= 0) {
+  if (managed) {
     // Adam's two fp32 tensors per parameter, over the whole model.
-    std::size_t model_state = 0;
-    for (const torch::Tensor& param : trainer.model()->parameters())
+    std::size_t model_state = 0, parameter_bytes = 0, gradient_bytes = 0;
+    for (const torch::Tensor& param : trainer.model()->parameters()) {
       model_state += 2 * static_cast<std::size_t>(param.numel()) * sizeof(float);
+      parameter_bytes += param.nbytes();
+      if (param.requires_grad()) gradient_bytes += param.nbytes();
+    }
     const std::size_t held = trainer.optimizer_state_bytes();
-    fmt::print(
-        "data parallel: rank {} of {} holds {:.1f} MiB of optimizer state, {:.3f} of the "
-        "model's {:.1f} MiB (1/{} = {:.3f})\n",
-        demo.rank, demo.nproc, mib(double(held)), double(held) / double(model_state),
-        mib(double(model_state)), demo.nproc, 1.0 / demo.nproc);
+    const spillway::DataParallelTraffic traffic = spillway::data_parallel_traffic();
+    const double sent = double(traffic.bytes_sent - traffic_at_start.bytes_sent) / demo.steps;
+    const double received =
+        double(traffic.bytes_received - traffic_at_start.bytes_received) / demo.steps;
+    // Each way, per step: the gradients reduced to their owners and the
+    // parameters gathered from them, (N-1)/N of each.
+    const double minimum = double(parameter_bytes + gradient_bytes) * (demo.nproc - 1) / demo.nproc;
+    result.figures = {{"rank", std::max(demo.rank, 0)},
+                      {"ranks", demo.nproc},
+                      {"steps", demo.steps},
+                      {"batch", options.batch},
+                      {"step_ms_median", median_ms(result.step_ms)},
+                      {"parameter_bytes", parameter_bytes},
+                      {"gradient_bytes", gradient_bytes},
+                      {"optimizer_state_bytes", held},
+                      {"model_optimizer_state_bytes", model_state},
+                      {"bytes_sent_per_step", sent},
+                      {"bytes_received_per_step", received},
+                      {"minimum_bytes_each_way_per_step", minimum}};
+    if (demo.rank >= 0) {
+      fmt::print(
+          "data parallel: rank {} of {} holds {:.1f} MiB of optimizer state, {:.3f} of the "
+          "model's {:.1f} MiB (1/{} = {:.3f})\n",
+          demo.rank, demo.nproc, mib(double(held)), double(held) / double(model_state),
+          mib(double(model_state)), demo.nproc, 1.0 / demo.nproc);
+      fmt::print(
+          "data parallel: rank {} sent {:.2f} MiB and received {:.2f} MiB per step, {:.3f} of "
+          "the minimum ({:.2f} MiB each way: (N-1)/N of the parameters and of the gradients)\n",
+          demo.rank, mib(sent), mib(received), (sent + received) / (2 * minimum), mib(minimum));
+    }
   }
   return result;
 }
@@ -372,6 +403,13 @@ RunResult train_reference_in_child(const DemoOptions& demo) {
   return result;
 }
 
+// --figures: every rank's figures, in rank order.
+void write_figures(const std::string& path, const nlohmann::json& per_rank) {
+  std::ofstream out(path);
+  out << nlohmann::json{{"ranks", per_rank.size()}, {"per_rank", per_rank}}.dump(2) << "\n";
+  if (!out) throw std::runtime_error("--figures: could not write " + path);
+}
+
 // --- --nproc: the launcher ------------------------------------------------
 
 // A TCP port free on the loopback now, for rank 0's store (as torchrun's
@@ -415,16 +453,25 @@ struct RankFolder {
 
 // Starts rank `rank` of `demo.nproc`: this program with the same options
 // (less --check), torchrun's environment and `conf`. Rank 0 writes to this
-// process's output, the others to `log`; `result`, when not empty, is where
-// the rank saves its losses and final parameters.
+// process's output, the others to `log`; `result` and `figures`, when not
+// empty, are where the rank saves its losses and final parameters, and its
+// figures.
 pid_t start_rank(const DemoOptions& demo, int rank, int port, const std::string& conf,
-                 const std::string& log, const std::string& result) {
+                 const std::string& log, const std::string& result, const std::string& figures) {
   std::vector<std::string> args;
-  for (const std::string& arg : demo.argv)
-    if (arg != "--check") args.push_back(arg);
+  for (std::size_t i = 0; i < demo.argv.size(); ++i) {
+    const std::string& arg = demo.argv[i];
+    if (arg == "--figures") ++i;  // and its value: the rank writes its own
+    if (arg == "--check" || arg == "--figures" || arg.rfind("--figures=", 0) == 0) continue;
+    args.push_back(arg);
+  }
   if (!result.empty()) {
     args.emplace_back("--save-result");
     args.push_back(result);
+  }
+  if (!figures.empty()) {
+    args.emplace_back("--figures");
+    args.push_back(figures);
   }
   std::vector<std::string> environment;
   for (char** variable = environ; *variable != nullptr; ++variable) {
@@ -484,6 +531,9 @@ int launch_ranks(const DemoOptions& demo) {
   RankFolder folder;
   auto log_of = [&](int rank) { return fmt::format("{}/rank{}.log", folder.path, rank); };
   auto result_of = [&](int rank) { return fmt::format("{}/rank{}.pt", folder.path, rank); };
+  auto figures_of = [&](int rank) {
+    return demo.figures.empty() ? std::string() : fmt::format("{}/rank{}.json", folder.path, rank);
+  };
   fmt::print(
       "data parallel: {} ranks on this machine (Gloo, store on 127.0.0.1:{}); rank 0's output "
       "follows\n",
@@ -491,7 +541,7 @@ int launch_ranks(const DemoOptions& demo) {
   std::vector<pid_t> children;
   for (int rank = 0; rank < demo.nproc; ++rank)
     children.push_back(start_rank(demo, rank, port, conf, log_of(rank),
-                                  demo.check ? result_of(rank) : std::string()));
+                                  demo.check ? result_of(rank) : std::string(), figures_of(rank)));
   std::vector<int> failed;
   for (int rank = 0; rank < demo.nproc; ++rank) {
     int status = 0;
@@ -511,6 +561,12 @@ int launch_ranks(const DemoOptions& demo) {
         fmt::print(stderr, "--- rank {} failed; its output:\n{}", rank, read_text(log_of(rank)));
     throw std::runtime_error(
         fmt::format("rank(s) {} of {} failed", fmt::join(failed, ", "), demo.nproc));
+  }
+  if (!demo.figures.empty()) {
+    nlohmann::json per_rank = nlohmann::json::array();
+    for (int rank = 0; rank < demo.nproc; ++rank)
+      per_rank.push_back(nlohmann::json::parse(read_text(figures_of(rank))));
+    write_figures(demo.figures, per_rank);
   }
   if (!demo.check) return 0;
   fmt::print("check: one process without spillway, each step's {} micro-batches averaged\n",
@@ -538,6 +594,8 @@ int run(const DemoOptions& demo) {
         "compare with torch-adam in f32)");
   if (!demo.save_result.empty() && demo.check)
     throw std::invalid_argument("--save-result saves one run; --check trains two");
+  if (!demo.figures.empty() && demo.no_spillway && !demo.check)
+    throw std::invalid_argument("--figures describes a run under spillway; drop --no-spillway");
   const bool managed_run = demo.check || !demo.no_spillway;
   const bool a_rank = demo.rank >= 0;
   if (demo.cuda) prepare_cuda();
@@ -557,6 +615,12 @@ int run(const DemoOptions& demo) {
   }
   if (managed_run) managed = train(demo, /*managed=*/true, plain ? &*plain : nullptr);
   if (!demo.save_result.empty()) save_result(managed ? *managed : *plain, demo.save_result);
+  if (!demo.figures.empty() && managed) {
+    if (a_rank)
+      std::ofstream(demo.figures) << managed->figures.dump();  // the launcher collects them
+    else
+      write_figures(demo.figures, nlohmann::json::array({managed->figures}));
+  }
   if (!demo.trace.empty() && managed) fmt::print("trace: {} (completed at exit)\n", demo.trace);
   if (!demo.dump_trace.empty() && managed) {
     spillway::dump_trace(demo.dump_trace);
@@ -623,6 +687,9 @@ int main(int argc, char** argv) {
   app.add_option("--save-result", demo.save_result,
                  "write the run's losses and final parameters here (torch::save), for a "
                  "comparison in another process");
+  app.add_option("--figures", demo.figures,
+                 "write the run's figures here as JSON: each rank's median step time, "
+                 "optimizer-state bytes and data parallel traffic per step (bench/dp reads it)");
   app.add_option("--nproc", demo.nproc,
                  "train data parallel in this many processes on this machine (Gloo, the "
                  "simulated device); with --check, compare every rank with one process "
