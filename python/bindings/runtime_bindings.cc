@@ -138,6 +138,14 @@ void bind_runtime(py::module_& module) {
              py::overload_cast<const std::vector<torch::Tensor>&>(&spillway::reduce_gradients),
              py::arg("params"), py::call_guard<py::gil_scoped_release>());
   module.def("data_parallel_world_size", &spillway::data_parallel_world_size);
+  module.def("data_parallel_traffic", [] {
+    const spillway::DataParallelTraffic traffic = spillway::data_parallel_traffic();
+    py::dict figures;
+    figures["bytes_sent"] = traffic.bytes_sent;
+    figures["bytes_received"] = traffic.bytes_received;
+    figures["collectives"] = traffic.collectives;
+    return figures;
+  });
   // Note [Per-parameter figures summed over owners]: for the clipping and
   // the loss scaler's overflow check of spillway/_data_parallel.py.
   module.def("owned_figures_everywhere", &spillway::torch_bridge::owned_figures_everywhere,

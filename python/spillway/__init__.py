@@ -39,6 +39,7 @@ __all__ = [
     "manage",
     "unmanage",
     "memory_stats",
+    "data_parallel_traffic",
     "dump_trace",
     "step",
     "optim",
@@ -190,6 +191,13 @@ def memory_stats():
     plus "clients": each model's and optimizer's chunk figures by name.
     An empty dict while spillway is not active."""
     return json.loads(_C.memory_stats_json())
+
+
+def data_parallel_traffic():
+    """What this process's data parallel collectives moved since it started:
+    {"bytes_sent", "bytes_received", "collectives"}, payload bytes by each
+    collective's meaning (docs/data-parallel.md); zeros without a group."""
+    return _C.data_parallel_traffic()
 
 
 def dump_trace(path):

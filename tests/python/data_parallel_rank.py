@@ -95,7 +95,8 @@ def main():
     assert all(spillway._C._is_managed(p) for p in model.parameters())
     torch.save({"params": [p.detach().clone() for p in model.parameters()],
                 "states": [state_of(optimizer, p) for p in model.parameters()],
-                "norms": norms, "scales": scales, "finite": finite},
+                "norms": norms, "scales": scales, "finite": finite,
+                "traffic": spillway.data_parallel_traffic()},
                f"{folder}/rank{rank}.pt")
     dist.destroy_process_group()
 

@@ -73,6 +73,15 @@ def oracle(world, kind):
 def test_ranks_match_plain_torch_bit_for_bit(tmp_path, world, kind):
     results = run_ranks(world, tmp_path, kind)
     expected_params, expected_states, expected_norms = oracle(world, kind)
+    # What the ranks sent, they received; each step's reduction and
+    # gathering move at least (N-1)/N of the gradients and of the parameters.
+    traffic = [result["traffic"] for result in results]
+    assert sum(t["bytes_sent"] for t in traffic) == sum(t["bytes_received"] for t in traffic)
+    if kind != "amp":  # a skipped step gathers nothing
+        model_bytes = sum(p.numel() * p.element_size() for p in ranked.make_model().parameters())
+        least = ranked.STEPS * 2 * model_bytes * (world - 1) // world
+        for rank, moved in enumerate(traffic):
+            assert moved["bytes_sent"] >= least and moved["bytes_received"] >= least, (rank, moved)
     if kind == "clip":
         assert any(norm > ranked.CLIP_NORM for norm in expected_norms), "nothing was clipped"
         for rank, result in enumerate(results):
