@@ -32,9 +32,10 @@ void throw_out_of_memory(std::size_t bytes, Status status) {
   const auto reserved =
       static_cast<std::size_t>(std::max<std::int64_t>(0, stats.reserved_bytes.current));
   const std::string message = fmt::format(
-      "spillway: out of memory on {}: torch asked for {} ({} bytes), and no chunk could be spilled "
-      "to make room. Budget {}; allocated {} ({} in model chunks, {} in other tensors: "
-      "activations, temporaries, optimizer state outside chunks); reserved {}. {} ({}). To fit: "
+      "spillway: out of memory on {}: torch asked for {} ({} bytes), and spilling every chunk "
+      "that no op is using did not make room. Budget {}; allocated {} ({} in model chunks, {} in "
+      "other tensors: activations, temporaries, optimizer state outside chunks); reserved {}. "
+      "{} ({}). To fit: "
       "make the step smaller (a smaller batch or shorter sequences, fewer tensors kept alive), "
       "or raise device_budget (now {}).",
       runtime.device().name(), format_bytes(bytes), bytes, format_bytes(budget),
