@@ -76,6 +76,11 @@ CollectivePayload all_gather_payload(std::int64_t bytes_per_rank, int world_size
   return {bytes_per_rank * others, bytes_per_rank * others};
 }
 
+CollectivePayload broadcast_payload(std::int64_t bytes, int world_size, bool root) {
+  if (root) return {bytes * (world_size - 1), 0};
+  return {0, bytes};
+}
+
 CollectivePayload all_reduce_payload(std::int64_t bytes, int world_size) {
   const std::int64_t each_way = 2 * (world_size - 1) * bytes / world_size;
   return {each_way, each_way};

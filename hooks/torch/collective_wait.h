@@ -26,6 +26,8 @@ struct CollectivePayload {
 };
 // An all-gather of `bytes_per_rank` from each rank.
 CollectivePayload all_gather_payload(std::int64_t bytes_per_rank, int world_size);
+// A broadcast of `bytes` from one rank (`root`: this rank is the source).
+CollectivePayload broadcast_payload(std::int64_t bytes, int world_size, bool root);
 // An all-reduce of `bytes` (ring: a reduce-scatter, then an all-gather).
 CollectivePayload all_reduce_payload(std::int64_t bytes, int world_size);
 

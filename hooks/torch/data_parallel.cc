@@ -18,7 +18,8 @@
 //  - step() (gather_owned_parameters): for each group, one all-gather of the
 //    owners' parameter bytes, padded to the group's largest member; every
 //    rank copies in what it does not own. Bytes, not values: nothing is
-//    rounded.
+//    rounded. Buffers and frozen parameters, which no optimizer steps, come
+//    from rank 0 instead (Note [What no optimizer steps comes from rank 0]).
 //  - manage() and set_process_group() are collectives: they compare the
 //    layouts across ranks and give every rank the owners' values, as DDP's
 //    constructor broadcasts rank 0's.
@@ -51,6 +52,7 @@
 // which is refused rather than counted twice.
 #include "hooks/torch/data_parallel.h"
 
+#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -99,20 +101,29 @@ void write_bytes(const ManagedParam& managed, const at::Tensor& values) {
       values.clone().view(managed.param.scalar_type()).view(managed.param.sizes()));
 }
 
+// The member's parameters that its owner steps (stepped_by_owner), in
+// layout order: what the reductions and gatherings move.
+std::vector<ManagedParam*> stepped(const std::vector<std::shared_ptr<ManagedParam>>& member) {
+  std::vector<ManagedParam*> params;
+  for (const auto& managed : member)
+    if (stepped_by_owner(*managed)) params.push_back(managed.get());
+  return params;
+}
+
 void gather_group(c10d::ProcessGroup& group, const ChunkGroup& chunk_group) {
   const int world = group.getSize();
   const int rank = group.getRank();
   std::int64_t widest = 0;
   for (const auto& member : chunk_group.members) {
     std::int64_t member_bytes = 0;
-    for (const auto& managed : member) member_bytes += bytes(*managed);
+    for (const ManagedParam* managed : stepped(member)) member_bytes += bytes(*managed);
     widest = std::max(widest, member_bytes);
   }
   if (widest == 0) return;
   at::NoGradGuard no_grad;
   at::Tensor mine = at::zeros({widest}, at::kByte);
   std::int64_t offset = 0;
-  for (const auto& managed : chunk_group.members[static_cast<std::size_t>(rank)]) {
+  for (const ManagedParam* managed : stepped(chunk_group.members[static_cast<std::size_t>(rank)])) {
     mine.narrow(0, offset, bytes(*managed)).copy_(bytes_of(*managed));
     offset += bytes(*managed);
   }
@@ -122,10 +133,49 @@ void gather_group(c10d::ProcessGroup& group, const ChunkGroup& chunk_group) {
   for (int owner = 0; owner < world; ++owner) {
     if (owner == rank) continue;
     offset = widest * owner;
-    for (const auto& managed : chunk_group.members[static_cast<std::size_t>(owner)]) {
+    for (const ManagedParam* managed :
+         stepped(chunk_group.members[static_cast<std::size_t>(owner)])) {
       write_bytes(*managed, all.narrow(0, offset, bytes(*managed)));
       offset += bytes(*managed);
     }
+  }
+}
+
+// Note [What no optimizer steps comes from rank 0]
+// Buffers (batch norm's running statistics) change in every rank's forward,
+// each by its own micro-batch, and no optimizer steps them; DDP broadcasts
+// rank 0's. So do we, at every gathering, for everything that is not
+// stepped_by_owner (frozen parameters too, which agree anyway unless a rank
+// changed them): one broadcast per model of all such tensors' bytes.
+void broadcast_from_rank_zero(c10d::ProcessGroup& group, const RankLayout& layout) {
+  std::vector<ManagedParam*> unstepped;
+  std::int64_t total = 0;
+  for (const ChunkGroup& chunk_group : layout.groups)
+    for (const auto& member : chunk_group.members)
+      for (const auto& managed : member)
+        if (!stepped_by_owner(*managed)) {
+          unstepped.push_back(managed.get());
+          total += bytes(*managed);
+        }
+  if (total == 0) return;
+  at::NoGradGuard no_grad;
+  const bool root = group.getRank() == 0;
+  at::Tensor all = at::empty({total}, at::kByte);
+  std::int64_t offset = 0;
+  if (root)
+    for (const ManagedParam* managed : unstepped) {
+      all.narrow(0, offset, bytes(*managed)).copy_(bytes_of(*managed));
+      offset += bytes(*managed);
+    }
+  std::vector<at::Tensor> tensors{all};
+  run_collective(group, "broadcasting buffers from rank 0",
+                 broadcast_payload(total, group.getSize(), root),
+                 [&] { return group.broadcast(tensors, c10d::BroadcastOptions{0}); });
+  if (root) return;
+  offset = 0;
+  for (const ManagedParam* managed : unstepped) {
+    write_bytes(*managed, all.narrow(0, offset, bytes(*managed)));
+    offset += bytes(*managed);
   }
 }
 
@@ -134,9 +184,11 @@ void reduce_group(ChunkManager& chunks, c10d::ProcessGroup& group, const ChunkGr
   const int rank = group.getRank();
   // Member j's segment: every gradient in fp32, then one flag per parameter
   // (1 where this rank has a gradient).
+  std::vector<std::vector<ManagedParam*>> members;
+  for (const auto& member : chunk_group.members) members.push_back(stepped(member));
   std::vector<std::int64_t> segment(static_cast<std::size_t>(world), 0);
   for (int j = 0; j < world; ++j)
-    for (const auto& managed : chunk_group.members[static_cast<std::size_t>(j)])
+    for (const ManagedParam* managed : members[static_cast<std::size_t>(j)])
       segment[static_cast<std::size_t>(j)] += elements(*managed) + 1;
   std::int64_t total = 0;
   for (const std::int64_t s : segment) total += s;
@@ -146,8 +198,8 @@ void reduce_group(ChunkManager& chunks, c10d::ProcessGroup& group, const ChunkGr
   at::Tensor send = at::empty({total}, at::kFloat);
   std::int64_t offset = 0;
   for (int j = 0; j < world; ++j) {
-    const auto& member = chunk_group.members[static_cast<std::size_t>(j)];
-    for (const auto& managed : member) {
+    const auto& member = members[static_cast<std::size_t>(j)];
+    for (const ManagedParam* managed : member) {
       const at::Tensor grad = managed->param.grad();
       at::Tensor values = send.narrow(0, offset, elements(*managed));
       if (grad.defined())
@@ -157,7 +209,7 @@ void reduce_group(ChunkManager& chunks, c10d::ProcessGroup& group, const ChunkGr
       offset += elements(*managed);
     }
     std::vector<float> flags;
-    for (const auto& managed : member)
+    for (const ManagedParam* managed : member)
       flags.push_back(managed->param.grad().defined() ? 1.0f : 0.0f);
     send.narrow(0, offset, static_cast<std::int64_t>(flags.size()))
         .copy_(at::tensor(flags, at::kFloat));
@@ -179,10 +231,9 @@ void reduce_group(ChunkManager& chunks, c10d::ProcessGroup& group, const ChunkGr
   mean.div_(static_cast<double>(world));
 
   for (int j = 0; j < world; ++j) {
-    const auto& member = chunk_group.members[static_cast<std::size_t>(j)];
+    const auto& member = members[static_cast<std::size_t>(j)];
     if (j != rank) {
-      for (const auto& managed : member) {
-        if (!managed->param.requires_grad()) continue;
+      for (ManagedParam* managed : member) {
         std::lock_guard lock(managed->grad_mutex);
         managed->param.mutable_grad().reset();
         if (managed->bound_grad.defined() && chunks.discard(managed->grad_id) != Status::ok)
@@ -200,10 +251,6 @@ void reduce_group(ChunkManager& chunks, c10d::ProcessGroup& group, const ChunkGr
     for (std::size_t i = 0; i < member.size(); ++i) {
       ManagedParam& managed = *member[i];
       const std::int64_t n = elements(managed);
-      if (!managed.param.requires_grad()) {
-        offset += n;
-        continue;
-      }
       std::lock_guard lock(managed.grad_mutex);
       if (!reached_by[static_cast<std::int64_t>(i)]) {
         managed.param.mutable_grad().reset();  // no rank reached it
@@ -270,8 +317,10 @@ void gather_from_owners(ChunkManager& chunks, std::optional<ClientId> only) {
   begin_operation(*group);
   const std::vector<RankLayout> layouts = rank_layouts(chunks, group->getSize(), only);
   check_layouts_agree(*group, layouts);
-  for (const RankLayout& layout : layouts)
+  for (const RankLayout& layout : layouts) {
     for (const ChunkGroup& chunk_group : layout.groups) gather_group(*group, chunk_group);
+    broadcast_from_rank_zero(*group, layout);
+  }
 }
 
 }  // namespace
@@ -321,6 +370,14 @@ bool on_any_rank(bool condition, std::string_view what) {
                    return group->allreduce(flag, c10d::AllreduceOptions{c10d::ReduceOp::MAX});
                  });
   return flag[0].item<int>() != 0;
+}
+
+void barrier(std::string_view what) {
+  const c10::intrusive_ptr<c10d::ProcessGroup> group = current_group();
+  if (!group || group->getSize() == 1) return;
+  std::lock_guard lock(data_parallel().mutex);
+  begin_operation(*group);
+  run_collective(*group, what, CollectivePayload{}, [&] { return group->barrier(); });
 }
 
 void join_data_parallel(ChunkManager& chunks, ClientId client) {
@@ -389,6 +446,26 @@ void reduce_gradients(const std::vector<torch::Tensor>& params) { reduce_clients
 int data_parallel_rank() {
   const c10::intrusive_ptr<c10d::ProcessGroup> group = torch_bridge::current_group();
   return group ? group->getRank() : 0;
+}
+
+std::vector<int> data_parallel_owners(const std::vector<torch::Tensor>& tensors) {
+  std::vector<int> owners(tensors.size(), -1);
+  if (torch_bridge::binding_table().empty()) return owners;  // nothing managed
+  const c10::intrusive_ptr<c10d::ProcessGroup> group = torch_bridge::current_group();
+  std::map<const torch_bridge::ManagedParam*, int> owner_of;
+  for (const torch_bridge::RankLayout& layout : torch_bridge::rank_layouts(
+           torch_bridge::active_chunk_manager(), group ? group->getSize() : 1))
+    for (const torch_bridge::ChunkGroup& chunk_group : layout.groups)
+      for (std::size_t j = 0; j < chunk_group.members.size(); ++j)
+        for (const auto& managed : chunk_group.members[j])
+          owner_of.emplace(managed.get(), static_cast<int>(j));
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (!tensors[i].defined()) continue;
+    const auto managed = torch_bridge::managed_param_bound_to(tensors[i]);
+    const auto owner = owner_of.find(managed.get());
+    if (managed && owner != owner_of.end()) owners[i] = owner->second;
+  }
+  return owners;
 }
 
 int data_parallel_world_size() {

@@ -33,6 +33,11 @@ std::vector<std::optional<double>> owned_figures_everywhere(
 // same answer on every rank. `condition` itself without a group.
 bool on_any_rank(bool condition, std::string_view what);
 
+// Waits until every rank of the group reaches it (a collective); a rank
+// that died is named (Note [A failed collective names the missing ranks]).
+// `what` says what waits ("saving a checkpoint"). Nothing without a group.
+void barrier(std::string_view what);
+
 // With dist:env and no group yet: joins the group torchrun's environment
 // describes (Note [Joining the group torchrun describes], dist_env.cc).
 // Throws std::runtime_error naming what is missing.

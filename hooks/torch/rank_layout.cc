@@ -54,9 +54,10 @@ std::uint64_t fingerprint(const std::string& text) {
 }
 
 std::string describe(const ManagedParam& managed, const TensorInfo& info, std::size_t chunk_index) {
-  return fmt::format("'{}' ({} {}), chunk {} at offset {}", info.name,
+  return fmt::format("'{}' ({} {}{}), chunk {} at offset {}", info.name,
                      std::string(c10::toString(managed.param.scalar_type())),
-                     c10::str(managed.param.sizes()), chunk_index, info.offset);
+                     c10::str(managed.param.sizes()),
+                     stepped_by_owner(managed) ? "" : ", not trained", chunk_index, info.offset);
 }
 
 // All ranks' rows of `row` (int64), world_size x row.numel().

@@ -21,6 +21,12 @@ struct ChunkGroup {
   std::vector<std::vector<std::shared_ptr<ManagedParam>>> members;
 };
 
+// Whether the owner's optimizer steps the tensor, so that every rank takes
+// the owner's values: a parameter that requires grad. The rest (buffers,
+// frozen parameters) take rank 0's (Note [What no optimizer steps comes
+// from rank 0] in data_parallel.cc). Part of the layout the ranks compare.
+inline bool stepped_by_owner(const ManagedParam& managed) { return managed.param.requires_grad(); }
+
 // One client's parameters, grouped for `world_size` ranks.
 struct RankLayout {
   ClientId client{};

@@ -133,6 +133,11 @@ double clip_grad_norm_(const std::vector<torch::Tensor>& params, double max_norm
 // This process's rank and the group's size; 0 and 1 without a group.
 int data_parallel_rank();
 int data_parallel_world_size();
+// The rank that owns each of `tensors` (a managed parameter or buffer) under
+// the current layout: the rank whose optimizer steps it, and which writes
+// it to a checkpoint by owner. 0 for every managed tensor without a group;
+// -1 for a tensor spillway does not manage (every rank holds its own).
+std::vector<int> data_parallel_owners(const std::vector<torch::Tensor>& tensors);
 // What this process's data parallel collectives moved to and from the other
 // ranks since it started: payload bytes by each collective's meaning (an
 // all-gather of b bytes per rank sends b to each other rank), not the

@@ -138,6 +138,11 @@ void bind_runtime(py::module_& module) {
              py::overload_cast<const std::vector<torch::Tensor>&>(&spillway::reduce_gradients),
              py::arg("params"), py::call_guard<py::gil_scoped_release>());
   module.def("data_parallel_world_size", &spillway::data_parallel_world_size);
+  module.def("data_parallel_rank", &spillway::data_parallel_rank);
+  module.def("data_parallel_owners", &spillway::data_parallel_owners, py::arg("tensors"),
+             py::call_guard<py::gil_scoped_release>());
+  module.def("barrier", &spillway::torch_bridge::barrier, py::arg("what"),
+             py::call_guard<py::gil_scoped_release>());
   module.def("data_parallel_traffic", [] {
     const spillway::DataParallelTraffic traffic = spillway::data_parallel_traffic();
     py::dict figures;

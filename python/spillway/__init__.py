@@ -31,6 +31,7 @@ from . import _checkpoint
 from . import _data_parallel
 from . import optim
 from ._engine import Engine, initialize
+from ._owner_checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 
 __all__ = [
     "enable",
@@ -40,6 +41,9 @@ __all__ = [
     "unmanage",
     "memory_stats",
     "data_parallel_traffic",
+    "save_checkpoint",
+    "load_checkpoint",
+    "CheckpointError",
     "dump_trace",
     "step",
     "optim",

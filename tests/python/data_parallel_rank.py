@@ -2,11 +2,14 @@
 with torch.distributed initialized (Gloo, a file store) and the model
 managed, so that spillway trains it data parallel.
 
-    python data_parallel_rank.py RANK WORLD FOLDER KIND
+    python data_parallel_rank.py RANK WORLD FOLDER KIND [CHECKPOINT]
 
 KIND: "adam" or "sgd"; "clip" (Adam, gradients clipped to CLIP_NORM by
 torch.nn.utils.clip_grad_norm_); "amp" (SGD under torch.amp.GradScaler,
-whose step OVERFLOW_STEP overflows on the last rank only).
+whose step OVERFLOW_STEP overflows on the last rank only); "save" (Adam,
+then spillway.save_checkpoint to CHECKPOINT); "resume" (Adam from
+spillway.load_checkpoint of CHECKPOINT, steps STEPS to 2 STEPS - 1; a world
+of 1 runs without torch.distributed).
 """
 
 import sys
@@ -33,7 +36,7 @@ def make_model():
 
 
 def make_optimizer(kind, params):
-    if kind in ("adam", "clip"):
+    if kind in ("adam", "clip", "save", "resume"):
         return torch.optim.Adam(params, lr=1e-3)
     return torch.optim.SGD(params, lr=0.05, momentum=0.9)
 
@@ -56,19 +59,26 @@ def state_of(optimizer, param):
 
 def main():
     rank, world, folder, kind = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    checkpoint = sys.argv[5] if len(sys.argv) > 5 else None
     torch.set_num_threads(1)
     import torch.distributed as dist
     import spillway
 
     spillway.enable("device:sim,strict_residency:true,chunk_size:2MiB,sim_capacity:256MiB")
-    dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank,
-                            world_size=world)
+    distributed = not (kind == "resume" and world == 1)
+    if distributed:
+        dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank,
+                                world_size=world)
     model = make_model()
     spillway.manage(model)  # torch.distributed's default group
     optimizer = make_optimizer(kind, model.parameters())
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8) if kind == "amp" else None
     norms, scales, finite = [], [], []
-    for step in range(STEPS):
+    first = 0
+    if kind == "resume":
+        spillway.load_checkpoint(checkpoint, model, optimizer)
+        first = STEPS
+    for step in range(first, first + STEPS):
         optimizer.zero_grad()
         x, y = batch(step, rank)
         loss = F.mse_loss(model(x), y)
@@ -92,13 +102,16 @@ def main():
             scaler.step(optimizer)
             scaler.update()
             scales.append(scaler.get_scale())
+    if kind == "save":
+        spillway.save_checkpoint(checkpoint, model, optimizer)
     assert all(spillway._C._is_managed(p) for p in model.parameters())
     torch.save({"params": [p.detach().clone() for p in model.parameters()],
                 "states": [state_of(optimizer, p) for p in model.parameters()],
                 "norms": norms, "scales": scales, "finite": finite,
                 "traffic": spillway.data_parallel_traffic()},
                f"{folder}/rank{rank}.pt")
-    dist.destroy_process_group()
+    if distributed:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

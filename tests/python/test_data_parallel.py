@@ -11,6 +11,7 @@ ranks]): torch.nn.utils.clip_grad_norm_ in the loop returns, on every rank,
 the norm torch computes on the mean gradient, bit for bit; a GradScaler
 whose step overflows on one rank skips that step on every rank."""
 
+import json
 import os
 import subprocess
 import sys
@@ -24,10 +25,12 @@ import data_parallel_rank as ranked
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def run_ranks(world, folder, kind):
+def run_ranks(world, folder, kind, checkpoint=None):
+    folder.mkdir(parents=True, exist_ok=True)
+    extra = [] if checkpoint is None else [str(checkpoint)]
     processes = [subprocess.Popen(
         [sys.executable, os.path.join(HERE, "data_parallel_rank.py"), str(rank), str(world),
-         str(folder), kind], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+         str(folder), kind] + extra, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for rank in range(world)]
     try:
         outputs = [process.communicate(timeout=240)[0] for process in processes]
@@ -41,16 +44,18 @@ def run_ranks(world, folder, kind):
     return [torch.load(folder / f"rank{rank}.pt") for rank in range(world)]
 
 
-def oracle(world, kind):
-    """Plain torch on the mean gradient. Under "amp" the loss scale is a
-    power of two, so scaled gradients unscale to the same bits, and the
-    overflowing step is skipped."""
+def oracle(world, kind, steps=ranked.STEPS, resumed_world=None):
+    """Plain torch on the mean gradient, over `world` micro-batches per step,
+    then, with `resumed_world`, `steps` more over that many. Under "amp" the
+    loss scale is a power of two, so scaled gradients unscale to the same
+    bits, and the overflowing step is skipped."""
     torch.set_num_threads(1)
     model = ranked.make_model()
     params = list(model.parameters())
     optimizer = ranked.make_optimizer(kind, params)
     norms = []
-    for step in range(ranked.STEPS):
+    worlds = [world] * steps + ([] if resumed_world is None else [resumed_world] * steps)
+    for step, world in enumerate(worlds):
         sums = [None] * len(params)
         for rank in range(world):
             optimizer.zero_grad()
@@ -71,7 +76,7 @@ def oracle(world, kind):
 
 @pytest.mark.parametrize("world,kind", [(2, "adam"), (3, "sgd"), (3, "clip"), (2, "amp")])
 def test_ranks_match_plain_torch_bit_for_bit(tmp_path, world, kind):
-    results = run_ranks(world, tmp_path, kind)
+    results = run_ranks(world, tmp_path / "ranks", kind)
     expected_params, expected_states, expected_norms = oracle(world, kind)
     # What the ranks sent, they received; each step's reduction and
     # gathering move at least (N-1)/N of the gradients and of the parameters.
@@ -95,6 +100,12 @@ def test_ranks_match_plain_torch_bit_for_bit(tmp_path, world, kind):
             assert result["scales"] == results[0]["scales"], f"rank {rank}'s loss scale"
         scales = results[0]["scales"]
         assert scales[ranked.OVERFLOW_STEP] < scales[0], "the overflow did not lower the scale"
+    assert_matches(results, expected_params, expected_states)
+
+
+def assert_matches(results, expected_params, expected_states):
+    """Every rank holds the expected parameters; each parameter's optimizer
+    state is on one rank and equals the expected, bit for bit."""
     for i, (expected, state) in enumerate(zip(expected_params, expected_states)):
         for rank, result in enumerate(results):
             assert torch.equal(result["params"][i], expected), f"rank {rank}, parameter {i}"
@@ -104,3 +115,59 @@ def test_ranks_match_plain_torch_bit_for_bit(tmp_path, world, kind):
         assert len(held) == len(state)
         for mine, theirs in zip(held, state):
             assert torch.equal(mine, theirs), f"parameter {i}, state on rank {holders[0]}"
+
+
+def test_a_checkpoint_by_owner_resumes_at_any_world_size(tmp_path):
+    """Saved at N = 2 (Note [Checkpoints by owner]): each rank's shard holds
+    what it owns, once; resumed at N = 1 (no process group), N = 2 and
+    N = 4, training goes on bit for bit as plain torch would; consolidated,
+    it is a state_dict and an optimizer state_dict that plain torch loads."""
+    import spillway
+    from spillway import consolidate
+
+    checkpoint = tmp_path / "checkpoint"
+    saved = run_ranks(2, tmp_path / "save", "save", checkpoint)
+    expected_params, expected_states, _ = oracle(2, "adam")
+    assert_matches(saved, expected_params, expected_states)
+
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    assert manifest["world_size"] == 2
+    shards = [torch.load(checkpoint / name, weights_only=True) for name in manifest["shards"]]
+    names = list(ranked.make_model().state_dict())
+    for name in names:  # each entry and its state in exactly one shard, its owner's
+        assert [name in shard["module"] for shard in shards].count(True) == 1, name
+        assert [name in shard["optimizer_state"] for shard in shards].count(True) == 1, name
+    assert all(shard["module"] for shard in shards), "a rank wrote nothing"
+    assert sorted(manifest["optimizer"]["state"]) == sorted(names)
+
+    for world in (1, 2, 4):
+        results = run_ranks(world, tmp_path / f"resume{world}", "resume", checkpoint)
+        expected_params, expected_states, _ = oracle(2, "adam", resumed_world=world)
+        assert_matches(results, expected_params, expected_states)
+
+    # Consolidated: plain torch loads it and holds the oracle's step STEPS.
+    assert consolidate.main([str(checkpoint), str(tmp_path / "model.pt"), "--optimizer",
+                             str(tmp_path / "optimizer.pt")]) == 0
+    model = ranked.make_model()
+    optimizer = ranked.make_optimizer("adam", model.parameters())
+    model.load_state_dict(torch.load(tmp_path / "model.pt", weights_only=True))
+    optimizer.load_state_dict(torch.load(tmp_path / "optimizer.pt", weights_only=True))
+    expected_params, expected_states, _ = oracle(2, "adam")
+    for param, expected, state in zip(model.parameters(), expected_params, expected_states):
+        assert torch.equal(param, expected)
+        assert len(ranked.state_of(optimizer, param)) == len(state)
+        for mine, theirs in zip(ranked.state_of(optimizer, param), state):
+            assert torch.equal(mine, theirs)
+
+    # What does not fit is refused, naming it.
+    (tmp_path / "incomplete").mkdir()
+    with pytest.raises(spillway.CheckpointError, match="manifest.json does not exist"):
+        spillway.load_checkpoint(tmp_path / "incomplete", ranked.make_model())
+    wider = torch.nn.Sequential(torch.nn.Linear(ranked.INPUTS, ranked.WIDTH + 1))
+    with pytest.raises(spillway.CheckpointError, match="missing|unexpected"):
+        spillway.load_checkpoint(checkpoint, wider)
+    model = ranked.make_model()
+    model[0] = torch.nn.Linear(ranked.INPUTS, ranked.WIDTH, dtype=torch.float64)
+    with pytest.raises(spillway.CheckpointError, match="'0.weight' is torch.float32"):
+        spillway.load_checkpoint(checkpoint, model)
+    assert consolidate.main([str(tmp_path / "incomplete"), str(tmp_path / "x.pt")]) == 2

@@ -830,6 +830,85 @@ TEST(DataParallel, ManageGivesEveryRankTheOwnersValues) {
     EXPECT_GT(owned[rank], 0) << "rank " << rank << " owns no parameter";
 }
 
+// Note [What no optimizer steps comes from rank 0]: batch norm's running
+// statistics, updated by each rank's own micro-batch, are rank 0's on every
+// rank after step(), as DDP's broadcast makes them; a frozen parameter that
+// one rank changed is rank 0's again; the trained parameters still agree.
+// Parameters come first in the layout, buffers after them: with 2 MiB chunks
+// the frozen layer lands in chunk 1 and the buffers in chunk 2, owned by
+// ranks 1 and 2 of three, so rank 0's values are not their owners'.
+struct NormedMlp : torch::nn::Module {
+  NormedMlp() {
+    input = register_module("input", torch::nn::Linear(kIn, kHidden));
+    hidden = register_module("hidden", torch::nn::Linear(kHidden, kHidden));
+    frozen = register_module("frozen", torch::nn::Linear(kHidden, kHidden));
+    last = register_module("last", torch::nn::Linear(kHidden, kHidden));
+    norm = register_module("norm", torch::nn::BatchNorm1d(kHidden));
+    head = register_module("head", torch::nn::Linear(kHidden, kOut));
+    for (auto& p : frozen->parameters()) p.set_requires_grad(false);
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::relu(hidden(torch::relu(input(x))));
+    return head(norm(torch::relu(last(torch::relu(frozen(x))))));
+  }
+  torch::nn::Linear input{nullptr}, hidden{nullptr}, frozen{nullptr}, last{nullptr}, head{nullptr};
+  torch::nn::BatchNorm1d norm{nullptr};
+};
+
+TEST(DataParallel, BuffersAndFrozenParametersTakeRankZerosValues) {
+  constexpr int kWorld = 3;
+  if (auto env = rank_environment()) {
+    use_conf();
+    torch::manual_seed(7);
+    NormedMlp model;
+    spillway::set_process_group(connect(*env));
+    spillway::manage(model);
+    torch::optim::SGD optimizer(model.parameters(), torch::optim::SGDOptions(0.01));
+    RunResult before, after;
+    for (int step = 0; step < 2; ++step) {
+      optimizer.zero_grad();
+      const auto [x, y] = batch(step, env->rank, 0);
+      torch::mse_loss(model.forward(x), y).backward();
+      if (step == 1 && env->rank != 0) {
+        torch::NoGradGuard no_grad;
+        model.frozen->bias.add_(1.0);  // no optimizer would: rank 0's undoes it
+      }
+      if (step == 1)
+        for (const auto& b : model.buffers()) before.params.push_back(b.detach().clone());
+      spillway::reduce_gradients();
+      optimizer.step();
+      spillway::step();
+    }
+    for (const auto& b : model.buffers()) after.params.push_back(b.detach().clone());
+    for (const auto& p : model.parameters()) after.params.push_back(p.detach().clone());
+    before.states.resize(before.params.size());
+    after.states.resize(after.params.size());
+    save_result(before, env->folder + "/before" + std::to_string(env->rank) + ".pt");
+    save_result(after, result_path(env->folder, env->rank));
+    return;
+  }
+  TemporaryFolder folder;
+  run_ranks(kWorld, folder.path);
+  if (::testing::Test::HasFailure()) return;
+  std::vector<RunResult> before, after;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    before.push_back(load_result(folder.path + "/before" + std::to_string(rank) + ".pt"));
+    after.push_back(load_result(result_path(folder.path, rank)));
+  }
+  const std::size_t buffers = before[0].params.size();
+  ASSERT_EQ(buffers, 3u);  // running mean, running variance, batches tracked
+  EXPECT_FALSE(same_bits(before[1].params[0], before[0].params[0]))
+      << "the ranks' running means should differ before the step";
+  for (int rank = 0; rank < kWorld; ++rank) {
+    for (std::size_t i = 0; i < buffers; ++i)
+      EXPECT_TRUE(same_bits(after[rank].params[i], before[0].params[i]))
+          << "rank " << rank << ", buffer #" << i << " is not rank 0's";
+    for (std::size_t i = buffers; i < after[0].params.size(); ++i)
+      EXPECT_TRUE(same_bits(after[rank].params[i], after[0].params[i]))
+          << "rank " << rank << ", parameter #" << i - buffers;
+  }
+}
+
 }  // namespace
 
 // Six parameters of one chunk each (2 MiB of fp32): with 3 ranks, two full
