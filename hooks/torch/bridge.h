@@ -55,6 +55,12 @@ struct ManagedParam {
   // when the gradient is reduced across ranks: Note [A reduction reduces
   // what backward wrote since the last] (data_parallel.cc).
   std::atomic<bool> gradient_unreduced{true};
+  // The owner's gradient as the last reduction left it, and its version
+  // then: Note [A backward onto a reduced gradient] (data_parallel.cc).
+  // Weak, so that its address is not reused while we compare it. Guarded by
+  // grad_mutex.
+  c10::weak_intrusive_ptr<c10::TensorImpl> reduced_grad{c10::intrusive_ptr<c10::TensorImpl>()};
+  std::uint32_t reduced_grad_version = 0;
 };
 
 // What the op hook needs to know about one managed storage.

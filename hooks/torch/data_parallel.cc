@@ -41,6 +41,21 @@
 // backward reached none of a model's parameters still joins its reduction,
 // and a reduction with nothing written since the last is skipped by all.
 //
+// Note [A backward onto a reduced gradient]
+// After a reduction the owner's gradient is the mean over the ranks. A
+// backward before the gradients are zeroed (a micro-batch after the
+// reduction, or a step without zero_grad) would add this rank's new
+// gradient to that mean, and the next reduction would divide the mean by N
+// again: wrong values, silently. So each reduction remembers the owner's
+// gradient tensor (weakly) and its version counter, and the post hook of
+// every accumulation checks: if the gradient is still that tensor and its
+// version moved by exactly one, the accumulation was the first write since
+// the reduction, and the backward fails, naming the parameter. A zero_grad
+// in between sets the gradient to none (another tensor) or zeroes it in
+// place (one more version), so a correct loop never trips it; a GradScaler's
+// unscale_ or a clipping after the reduction also moves the version, so
+// their loops are not checked that far.
+//
 // Note [Per-parameter figures summed over owners]
 // After a reduction each gradient lives on its owner alone. A figure of it
 // (its norm, its sum of squares) is then known on one rank, and every rank
@@ -261,6 +276,9 @@ void reduce_group(ChunkManager& chunks, c10d::ProcessGroup& group, const ChunkGr
         if (!target.defined()) target = at::empty_like(managed.param);
         target.copy_(values);
         managed.param.mutable_grad() = target;
+        // Note [A backward onto a reduced gradient]
+        managed.reduced_grad = c10::weak_intrusive_ptr<c10::TensorImpl>(target.getIntrusivePtr());
+        managed.reduced_grad_version = target._version();
       }
       offset += n;
     }
@@ -370,6 +388,23 @@ bool on_any_rank(bool condition, std::string_view what) {
                    return group->allreduce(flag, c10d::AllreduceOptions{c10d::ReduceOp::MAX});
                  });
   return flag[0].item<int>() != 0;
+}
+
+void check_not_accumulating_onto_reduced(const ManagedParam& managed) {
+  const c10::intrusive_ptr<c10::TensorImpl> reduced = managed.reduced_grad.lock();
+  if (!reduced) return;
+  const at::Tensor grad = managed.param.grad();
+  if (!grad.defined() || grad.unsafeGetTensorImpl() != reduced.get() ||
+      grad._version() != managed.reduced_grad_version + 1)
+    return;
+  const std::optional<TensorInfo> info = active_chunk_manager().tensor_info(managed.param_id);
+  throw std::runtime_error(fmt::format(
+      "spillway data parallel: a backward added to the gradient of '{}' after it was reduced "
+      "across ranks and before it was zeroed, so the next reduction would divide its mean by "
+      "the world size again. Reduce (reduce_gradients(), clip_grad_norm_, a GradScaler's "
+      "unscale_, the optimizer's step) only after the last micro-batch's backward, and zero the "
+      "gradients after each step",
+      info.has_value() ? info->name : std::string("?")));
 }
 
 void barrier(std::string_view what) {

@@ -38,6 +38,11 @@ bool on_any_rank(bool condition, std::string_view what);
 // `what` says what waits ("saving a checkpoint"). Nothing without a group.
 void barrier(std::string_view what);
 
+// Called after a backward accumulated into `managed`'s gradient; with
+// grad_mutex held. Throws std::runtime_error when it accumulated into the
+// mean a reduction left there (Note [A backward onto a reduced gradient]).
+void check_not_accumulating_onto_reduced(const ManagedParam& managed);
+
 // With dist:env and no group yet: joins the group torchrun's environment
 // describes (Note [Joining the group torchrun describes], dist_env.cc).
 // Throws std::runtime_error naming what is missing.

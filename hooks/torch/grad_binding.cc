@@ -45,6 +45,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "hooks/torch/bridge.h"
+#include "hooks/torch/data_parallel.h"
 
 namespace spillway::torch_bridge {
 
@@ -114,6 +115,10 @@ class RebindAfterAccumulation final : public torch::autograd::FunctionPostHook {
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
                                             const torch::autograd::variable_list&) override {
     if (const std::shared_ptr<ManagedParam> managed = managed_.lock()) {
+      {
+        std::lock_guard lock(managed->grad_mutex);
+        check_not_accumulating_onto_reduced(*managed);
+      }
       managed->gradient_unreduced.store(true, std::memory_order_release);
       rebind_grad_if_replaced(active_chunk_manager(), *managed);
     }

@@ -114,7 +114,8 @@ void set_process_group(c10::intrusive_ptr<c10d::ProcessGroup> group);
 // gradient. Call it once per optimizer step, after the last micro-batch's
 // backward when accumulating. A second call with no backward in between
 // reduces nothing (Note [A reduction reduces what backward wrote since the
-// last]); a backward after it and before the step is not supported. Nothing
+// last]); a backward after it, before the gradients are zeroed, throws
+// from backward (Note [A backward onto a reduced gradient]). Nothing
 // without a group.
 void reduce_gradients();
 // As above, for the models that hold one of `params` only (an optimizer's:

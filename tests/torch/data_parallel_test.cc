@@ -28,6 +28,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -973,4 +974,50 @@ TEST(DataParallel, AStepMovesTheMinimumBytesPlusFlags) {
     all_received += received;
   }
   EXPECT_EQ(all_sent, all_received) << "what the ranks sent, they received";
+}
+
+// Note [A backward onto a reduced gradient]: a backward between a reduction
+// and the zeroing of the gradients fails on the owners, naming a parameter,
+// instead of reducing the mean again. Zeroing in place (zero_grad(false))
+// or setting to none before the next backward is fine.
+TEST(DataParallel, ABackwardOntoReducedGradientsIsRefused) {
+  constexpr int kWorld = 2;
+  if (auto env = rank_environment()) {
+    use_conf();
+    torch::manual_seed(7);
+    ChunkSizedParams model;
+    spillway::set_process_group(connect(*env));
+    spillway::manage(model);
+    torch::optim::SGD optimizer(model.parameters(), torch::optim::SGDOptions(0.01));
+    for (const bool set_to_none : {true, false}) {  // correct loops pass
+      optimizer.zero_grad(set_to_none);
+      model.loss(1.0 + env->rank).backward();
+      spillway::reduce_gradients();
+      optimizer.step();
+      spillway::step();
+    }
+    optimizer.zero_grad(false);
+    model.loss(1.0).backward();
+    spillway::reduce_gradients();
+    std::string message = "did not throw";
+    try {
+      model.loss(2.0).backward();  // onto the reduced means
+    } catch (const std::exception& e) {
+      message = e.what();
+    }
+    std::ofstream(env->folder + "/message" + std::to_string(env->rank)) << message;
+    return;
+  }
+  TemporaryFolder folder;
+  run_ranks(kWorld, folder.path);
+  if (::testing::Test::HasFailure()) return;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    std::ifstream file(folder.path + "/message" + std::to_string(rank));
+    const std::string message((std::istreambuf_iterator<char>(file)),
+                              std::istreambuf_iterator<char>());
+    EXPECT_NE(message.find("after it was reduced across ranks"), std::string::npos)
+        << "rank " << rank << ": " << message;
+    EXPECT_NE(message.find("gradient of 'p"), std::string::npos)
+        << "rank " << rank << ": " << message;
+  }
 }
