@@ -73,7 +73,8 @@ Status ChunkManager::register_tensor(ClientId client_id, const TensorSpec& spec,
 // and only an unsealed one may grow.
 void ChunkManager::place_tensor_locked(TensorId id, TensorRecord& tensor, Client& client) {
   std::vector<ChunkId>& open =
-      client.open_chunks[std::make_pair(tensor.spec.kind, tensor.spec.slot)];
+      client
+          .open_chunks[std::make_tuple(tensor.spec.kind, tensor.spec.slot, tensor.spec.pack_group)];
   std::erase_if(open, [&](ChunkId chunk) { return find_chunk_locked(chunk)->sealed; });
   if (open.size() > ChunkPacker::kOpenChunks) {
     open.erase(open.begin(), open.end() - static_cast<std::ptrdiff_t>(ChunkPacker::kOpenChunks));

@@ -66,6 +66,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -256,9 +257,11 @@ class ChunkManager final : public PressureHandler {
     ChunkStats stats;
     std::vector<ChunkId> chunks;
     std::vector<TensorId> tensors;
-    // The chunks that new tensors of (kind, slot) may join, oldest first
-    // (Note [Packing tensors]): unsealed, at most ChunkPacker::kOpenChunks.
-    std::map<std::pair<TensorKind, std::uint32_t>, std::vector<ChunkId>> open_chunks;
+    // The chunks that new tensors of (kind, slot, pack group) may join,
+    // oldest first (Note [Packing tensors]): unsealed, at most
+    // ChunkPacker::kOpenChunks.
+    std::map<std::tuple<TensorKind, std::uint32_t, std::uint32_t>, std::vector<ChunkId>>
+        open_chunks;
   };
   class Candidates;
   class FetchClock;

@@ -56,6 +56,11 @@ struct TensorSpec {
   std::size_t element_count = 0;
   // For messages, e.g. "layers.3.attn.weight".
   std::string name;
+  // Tensors share chunks only within one pack group (and one kind and
+  // slot): data parallel optimizers give each owner's state a group of its
+  // own, so that no state chunk holds two owners' state (Note [Optimizer
+  // state packed by owner] in hooks/torch/chunked_optimizer.cc).
+  std::uint32_t pack_group = 0;
 
   std::size_t bytes() const { return dtype_bytes * element_count; }
 };

@@ -5,9 +5,21 @@
 //
 // Note [Register a parameter's state before writing any]
 // A chunk is sealed once accessed (Note [Register first, then write] in
-// manage.cc), so place_all registers every new tensor first and only then
-// initialises the master copies; otherwise each master copy would open a chunk
-// of its own.
+// manage.cc), so place_all registers every new tensor first; the master
+// copies are written later, at their first step (Note [A master copy starts
+// at the first step]); otherwise each master copy would open a chunk of its
+// own.
+//
+// Note [Optimizer state packed by owner]
+// Under data parallel training each parameter's state lives on its owner
+// (Note [Data parallel over chunk groups] in data_parallel.cc), and a state
+// chunk takes memory on a rank only once something in it is written. State
+// tensors pack in parameter order, and a bf16 parameter's 12 bytes of state
+// and master do not pack like its 2 bytes, so one state chunk would hold
+// the end of one owner's parameters and the start of the next owner's, and
+// both ranks would hold it. So with a group set, each owner's state and
+// masters pack in chunks of their own (TensorSpec::pack_group: the owner
+// plus one): no state chunk holds two owners' state.
 //
 // Note [Where an update runs]
 // The parameter's chunk decides. On the device the update needs the param,
@@ -300,6 +312,15 @@ void ChunkedOptimizer::place_all() {
     impl_->has_client = true;
   }
 
+  // Note [Optimizer state packed by owner]
+  std::vector<torch::Tensor> placed_params;
+  for (const auto& group : param_groups_)
+    for (const torch::Tensor& param : group.params()) placed_params.push_back(param);
+  const std::vector<int> owners = spillway::data_parallel_owners(placed_params);
+  const bool by_owner = spillway::data_parallel_world_size() > 1;
+  std::size_t param_index = 0;
+  std::uint32_t pack_group = 0;
+
   // Note [Register a parameter's state before writing any].
   auto register_tensor = [&](TensorKind kind, std::uint32_t slot, std::size_t count,
                              const std::string& name) {
@@ -309,15 +330,17 @@ void ChunkedOptimizer::place_all() {
     spec.dtype_bytes = sizeof(float);
     spec.element_count = count;
     spec.name = name;
+    spec.pack_group = pack_group;
     TensorId id{};
     if (chunks.register_tensor(impl_->client, spec, &id) != Status::ok)
       throw chunk_failure("registering " + name);
     return id;
   };
-  std::vector<ParamRecord*> masters_to_fill;
   for (const auto& group : param_groups_) {
     const int slots = state_slots(group.options());
     for (const torch::Tensor& param : group.params()) {
+      const int owner = owners[param_index++];
+      pack_group = by_owner && owner >= 0 ? static_cast<std::uint32_t>(owner) + 1 : 0;
       // A frozen parameter gets no state until it requires grad again.
       if (!param.defined() || !param.has_storage() || !param.requires_grad()) continue;
       ParamRecord* record = impl_->find(param);
@@ -335,7 +358,6 @@ void ChunkedOptimizer::place_all() {
         if (created->low_precision()) {
           created->master =
               register_tensor(TensorKind::master, 0, created->count, created->label + ".master");
-          masters_to_fill.push_back(created.get());
         }
         record = created.get();
         impl_->records.emplace(storage_of(param), std::move(created));
@@ -347,19 +369,30 @@ void ChunkedOptimizer::place_all() {
       }
     }
   }
-
-  // The master copy starts as the parameter's value, widened.
-  for (ParamRecord* record : masters_to_fill) {
-    Acquisitions host(chunks, /*on_host=*/true, Stream{});
-    const void* param = host.acquire(record->managed->param_id, AccessMode::read, WaitMode::host);
-    auto* master =
-        static_cast<float*>(host.acquire(record->master, AccessMode::read_write, WaitMode::host));
-    if (param == nullptr || master == nullptr)
-      throw chunk_failure("initialising the master copy of " + record->label);
-    cpu::convert_to_float(param, record->dtype, master, record->count, torch_exec_config());
-    record->master_ready = true;
-  }
 }
+
+namespace {
+
+// Note [A master copy starts at the first step]
+// A low-precision parameter's fp32 master copy starts as the parameter's
+// value, widened, at the first step that updates it, not when the optimizer
+// places it: a rank then never writes the master chunks of what other ranks
+// own (they take no memory), and a model loaded after the optimizer was
+// built starts from the loaded weights. Until then param_state() reports
+// the widened parameter as the master.
+void fill_master_if_new(ChunkManager& chunks, ParamRecord& record) {
+  if (!record.low_precision() || record.master_ready) return;
+  Acquisitions host(chunks, /*on_host=*/true, Stream{});
+  const void* param = host.acquire(record.managed->param_id, AccessMode::read, WaitMode::host);
+  auto* master =
+      static_cast<float*>(host.acquire(record.master, AccessMode::read_write, WaitMode::host));
+  if (param == nullptr || master == nullptr)
+    throw chunk_failure("initialising the master copy of " + record.label);
+  cpu::convert_to_float(param, record.dtype, master, record.count, torch_exec_config());
+  record.master_ready = true;
+}
+
+}  // namespace
 
 torch::Tensor ChunkedOptimizer::step(LossClosure closure) {
   torch::Tensor loss;
@@ -401,6 +434,7 @@ void ChunkedOptimizer::step_scaled(double grad_scale) {
         throw std::runtime_error("spillway optim: the gradient of " + record->label +
                                  " is not in its grad chunk (sparse, or another dtype or shape "
                                  "than the parameter)");
+      fill_master_if_new(chunks, *record);
       due.push_back(
           due_update(chunks, *record, kernel_dtype(grad.scalar_type(), "a gradient"), slots));
     }
@@ -576,8 +610,16 @@ std::optional<ChunkedOptimizer::ParamState> ChunkedOptimizer::param_state(
   }
   if (record->low_precision()) {
     state.master = torch::empty({count}, torch::kFloat);
-    read_chunk_tensor(chunks, record->master, state.master.data_ptr(),
-                      record->count * sizeof(float));
+    if (record->master_ready) {
+      read_chunk_tensor(chunks, record->master, state.master.data_ptr(),
+                        record->count * sizeof(float));
+    } else {  // Note [A master copy starts at the first step]
+      Acquisitions host(chunks, /*on_host=*/true, Stream{});
+      const void* param = host.acquire(record->managed->param_id, AccessMode::read, WaitMode::host);
+      if (param == nullptr) throw chunk_failure("reading " + record->label);
+      cpu::convert_to_float(param, record->dtype, state.master.data_ptr<float>(), record->count,
+                            torch_exec_config());
+    }
   }
   return state;
 }
@@ -625,6 +667,7 @@ void ChunkedOptimizer::set_param_state(const torch::Tensor& param, const ParamSt
     if (low == nullptr) throw chunk_failure("writing " + record->label);
     cpu::convert_from_float(master.data_ptr<float>(), low, record->dtype, record->count,
                             torch_exec_config());
+    record->master_ready = true;
   }
   record->step = state.step;
   record->state_started = state.started;

@@ -29,6 +29,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -1019,5 +1020,74 @@ TEST(DataParallel, ABackwardOntoReducedGradientsIsRefused) {
         << "rank " << rank << ": " << message;
     EXPECT_NE(message.find("gradient of 'p"), std::string::npos)
         << "rank " << rank << ": " << message;
+  }
+}
+
+// Note [Optimizer state packed by owner] and Note [A master copy starts at
+// the first step]: spillway's Adam on a bf16 model, two ranks. The chunk
+// ids are the same on every rank (the same layout, made in the same
+// order), so each rank lists the state and master chunks that hold bytes:
+// no chunk may be on two ranks, and each rank's chunks hold its share.
+TEST(DataParallel, Bf16ChunkedAdamStateChunksBelongToOneOwnerEach) {
+  constexpr int kWorld = 2;  // the model is two 2 MiB chunks of bf16
+  if (auto env = rank_environment()) {
+    use_conf();
+    torch::manual_seed(7);
+    Mlp model;
+    model.to(torch::kBFloat16);
+    spillway::set_process_group(connect(*env));
+    spillway::manage(model);
+    spillway::optim::Adam optimizer(model.parameters(), torch::optim::AdamOptions(1e-3));
+    for (int step = 0; step < 2; ++step) {
+      optimizer.zero_grad();
+      auto [x, y] = batch(step, env->rank, 0);
+      torch::mse_loss(model.forward(x.to(torch::kBFloat16), true), y.to(torch::kBFloat16))
+          .backward();
+      spillway::reduce_gradients();
+      optimizer.step();
+      spillway::step();
+    }
+    spillway::ChunkManager& chunks = spillway::Runtime::process().chunk_manager();
+    std::ofstream out(env->folder + "/chunks" + std::to_string(env->rank));
+    for (std::uint32_t client = 0; client < 64; ++client)
+      for (const spillway::ChunkId chunk : chunks.chunks_of(spillway::ClientId{client})) {
+        const auto info = chunks.chunk_info(chunk);
+        if (info.has_value() && (info->kind == spillway::TensorKind::optimizer_state ||
+                                 info->kind == spillway::TensorKind::master))
+          out << static_cast<std::uint64_t>(chunk) << " "
+              << (info->location != spillway::Location::none ? 1 : 0) << " " << info->capacity_bytes
+              << "\n";
+      }
+    return;
+  }
+  TemporaryFolder folder;
+  run_ranks(kWorld, folder.path);
+  if (::testing::Test::HasFailure()) return;
+  std::map<std::uint64_t, int> holder;
+  std::vector<std::int64_t> held(kWorld, 0);
+  std::int64_t all_bytes = 0, largest = 0;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    std::ifstream in(folder.path + "/chunks" + std::to_string(rank));
+    std::uint64_t chunk = 0;
+    int holds = 0;
+    std::int64_t capacity = 0;
+    while (in >> chunk >> holds >> capacity) {
+      if (rank == 0) all_bytes += capacity;
+      largest = std::max(largest, capacity);
+      if (!holds) continue;
+      const auto [it, fresh] = holder.emplace(chunk, rank);
+      EXPECT_TRUE(fresh) << "state chunk " << chunk << " holds bytes on ranks " << it->second
+                         << " and " << rank;
+      held[static_cast<std::size_t>(rank)] += capacity;
+    }
+  }
+  ASSERT_GT(all_bytes, 0);
+  for (int rank = 0; rank < kWorld; ++rank) {
+    EXPECT_GT(held[static_cast<std::size_t>(rank)], 0) << "rank " << rank << " holds no state";
+    // 1/N of the state, within one chunk per array (two moments, a master).
+    EXPECT_LE(std::abs(held[static_cast<std::size_t>(rank)] * kWorld - all_bytes),
+              3 * largest * kWorld)
+        << "rank " << rank << " holds " << held[static_cast<std::size_t>(rank)] << " of "
+        << all_bytes << " bytes of state chunks";
   }
 }

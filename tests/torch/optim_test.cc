@@ -485,6 +485,29 @@ TEST(ChunkedOptimizer, UndefinedGradientsAreSkippedAsTorchDoes) {
   EXPECT_EQ(adam.placement().host + adam.placement().device, tensors * kSteps - 1);
 }
 
+// Note [A master copy starts at the first step]: bf16 weights written
+// after the optimizer was built (a checkpoint loaded into the model) are
+// where the first step starts; before it, param_state reports them widened.
+TEST(ChunkedOptimizer, Bf16WeightsWrittenBeforeTheFirstStepAreItsStart) {
+  torch::set_num_threads(1);
+  configure_spillway();
+  torch::nn::Sequential model = make_mlp(12);
+  model->to(torch::kBFloat16);
+  spillway::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-3));
+  const torch::Tensor weight = model->parameters()[0];
+  const torch::Tensor loaded = torch::randn(weight.sizes()).to(torch::kBFloat16);
+  {
+    torch::NoGradGuard no_grad;
+    weight.copy_(loaded);
+  }
+  const auto before = adam.param_state(weight);
+  ASSERT_TRUE(before.has_value());
+  EXPECT_TRUE(torch::equal(before->master, loaded.to(torch::kFloat).reshape({-1})));
+  for (const auto& p : model->parameters()) p.mutable_grad() = torch::zeros_like(p);
+  adam.step();  // zero gradients: Adam's update is zero, the weight stays
+  EXPECT_TRUE(torch::equal(weight.detach(), loaded));
+}
+
 // Parameters of a group added after construction are managed and given
 // state at the next step, and train as torch's do.
 TEST(ChunkedOptimizer, AddedParamGroupTrainsAsTorch) {
