@@ -181,6 +181,15 @@ def read_manifest(directory):
     if manifest.get("version") != VERSION:
         raise CheckpointError(f"{path} has version {manifest.get('version')!r}; this spillway "
                               f"reads version {VERSION}")
+    missing = [key for key in ("world_size", "shards", "module", "optimizer")
+               if key not in manifest]
+    if missing:
+        raise CheckpointError(f"{path} lacks {', '.join(missing)}")
+    shard_count = len(manifest["shards"])
+    for name, info in manifest["module"].items():
+        if not 0 <= info.get("shard", -1) < shard_count:
+            raise CheckpointError(f"{path} puts '{name}' in shard {info.get('shard')!r}, "
+                                  f"of {shard_count}")
     return manifest
 
 

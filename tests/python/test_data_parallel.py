@@ -13,6 +13,7 @@ whose step overflows on one rank skips that step on every rank."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -171,3 +172,9 @@ def test_a_checkpoint_by_owner_resumes_at_any_world_size(tmp_path):
     with pytest.raises(spillway.CheckpointError, match="'0.weight' is torch.float32"):
         spillway.load_checkpoint(checkpoint, model)
     assert consolidate.main([str(tmp_path / "incomplete"), str(tmp_path / "x.pt")]) == 2
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(checkpoint, corrupt)
+    manifest["module"]["0.weight"]["shard"] = 7
+    (corrupt / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(spillway.CheckpointError, match="'0.weight' in shard 7, of 2"):
+        spillway.load_checkpoint(corrupt, ranked.make_model())
