@@ -312,12 +312,27 @@ void ChunkedOptimizer::place_all() {
     impl_->has_client = true;
   }
 
+  // Every step calls this: most find everything placed already.
+  bool placing = false;
+  for (const auto& group : param_groups_) {
+    const int slots = state_slots(group.options());
+    for (const torch::Tensor& param : group.params()) {
+      if (!param.defined() || !param.has_storage() || !param.requires_grad()) continue;
+      const ParamRecord* record = impl_->find(param);
+      placing = placing || record == nullptr || static_cast<int>(record->state.size()) < slots;
+    }
+  }
+  if (!placing) return;
+
   // Note [Optimizer state packed by owner]
-  std::vector<torch::Tensor> placed_params;
-  for (const auto& group : param_groups_)
-    for (const torch::Tensor& param : group.params()) placed_params.push_back(param);
-  const std::vector<int> owners = spillway::data_parallel_owners(placed_params);
   const bool by_owner = spillway::data_parallel_world_size() > 1;
+  std::vector<int> owners;
+  if (by_owner) {
+    std::vector<torch::Tensor> params;
+    for (const auto& group : param_groups_)
+      for (const torch::Tensor& param : group.params()) params.push_back(param);
+    owners = spillway::data_parallel_owners(params);
+  }
   std::size_t param_index = 0;
   std::uint32_t pack_group = 0;
 
@@ -339,8 +354,8 @@ void ChunkedOptimizer::place_all() {
   for (const auto& group : param_groups_) {
     const int slots = state_slots(group.options());
     for (const torch::Tensor& param : group.params()) {
-      const int owner = owners[param_index++];
-      pack_group = by_owner && owner >= 0 ? static_cast<std::uint32_t>(owner) + 1 : 0;
+      const int owner = by_owner ? owners[param_index++] : -1;
+      pack_group = owner >= 0 ? static_cast<std::uint32_t>(owner) + 1 : 0;
       // A frozen parameter gets no state until it requires grad again.
       if (!param.defined() || !param.has_storage() || !param.requires_grad()) continue;
       ParamRecord* record = impl_->find(param);
