@@ -312,33 +312,24 @@ void ChunkedOptimizer::place_all() {
     impl_->has_client = true;
   }
 
-  // Every step calls this: most find everything placed already.
-  bool placing = false;
-  for (const auto& group : param_groups_) {
-    const int slots = state_slots(group.options());
-    for (const torch::Tensor& param : group.params()) {
-      if (!param.defined() || !param.has_storage() || !param.requires_grad()) continue;
-      const ParamRecord* record = impl_->find(param);
-      placing = placing || record == nullptr || static_cast<int>(record->state.size()) < slots;
+  // Note [Optimizer state packed by owner]: the owners are looked up once,
+  // and only when something is placed (every step calls this).
+  std::optional<std::vector<int>> owners;
+  auto pack_group_of = [&](std::size_t param_index) -> std::uint32_t {
+    if (spillway::data_parallel_world_size() <= 1) return 0;
+    if (!owners) {
+      std::vector<torch::Tensor> params;
+      for (const auto& group : param_groups_)
+        for (const torch::Tensor& param : group.params()) params.push_back(param);
+      owners = spillway::data_parallel_owners(params);
     }
-  }
-  if (!placing) return;
-
-  // Note [Optimizer state packed by owner]
-  const bool by_owner = spillway::data_parallel_world_size() > 1;
-  std::vector<int> owners;
-  if (by_owner) {
-    std::vector<torch::Tensor> params;
-    for (const auto& group : param_groups_)
-      for (const torch::Tensor& param : group.params()) params.push_back(param);
-    owners = spillway::data_parallel_owners(params);
-  }
-  std::size_t param_index = 0;
-  std::uint32_t pack_group = 0;
+    const int owner = (*owners)[param_index];
+    return owner >= 0 ? static_cast<std::uint32_t>(owner) + 1 : 0;
+  };
 
   // Note [Register a parameter's state before writing any].
   auto register_tensor = [&](TensorKind kind, std::uint32_t slot, std::size_t count,
-                             const std::string& name) {
+                             const std::string& name, std::uint32_t pack_group) {
     TensorSpec spec;
     spec.kind = kind;
     spec.slot = slot;
@@ -351,11 +342,11 @@ void ChunkedOptimizer::place_all() {
       throw chunk_failure("registering " + name);
     return id;
   };
+  std::size_t param_index = 0;
   for (const auto& group : param_groups_) {
     const int slots = state_slots(group.options());
     for (const torch::Tensor& param : group.params()) {
-      const int owner = by_owner ? owners[param_index++] : -1;
-      pack_group = owner >= 0 ? static_cast<std::uint32_t>(owner) + 1 : 0;
+      const std::size_t index = param_index++;
       // A frozen parameter gets no state until it requires grad again.
       if (!param.defined() || !param.has_storage() || !param.requires_grad()) continue;
       ParamRecord* record = impl_->find(param);
@@ -371,8 +362,8 @@ void ChunkedOptimizer::place_all() {
         created->dtype = kernel_dtype(param.scalar_type(), "a parameter");
         created->label = impl_->name + ".p" + std::to_string(impl_->records.size());
         if (created->low_precision()) {
-          created->master =
-              register_tensor(TensorKind::master, 0, created->count, created->label + ".master");
+          created->master = register_tensor(TensorKind::master, 0, created->count,
+                                            created->label + ".master", pack_group_of(index));
         }
         record = created.get();
         impl_->records.emplace(storage_of(param), std::move(created));
@@ -380,7 +371,8 @@ void ChunkedOptimizer::place_all() {
       while (static_cast<int>(record->state.size()) < slots) {
         const auto slot = static_cast<std::uint32_t>(record->state.size());
         record->state.push_back(register_tensor(TensorKind::optimizer_state, slot, record->count,
-                                                record->label + ".state" + std::to_string(slot)));
+                                                record->label + ".state" + std::to_string(slot),
+                                                pack_group_of(index)));
       }
     }
   }
@@ -395,15 +387,22 @@ namespace {
 // own (they take no memory), and a model loaded after the optimizer was
 // built starts from the loaded weights. Until then param_state() reports
 // the widened parameter as the master.
+// The parameter's values widened to fp32 into `out`: what its master copy
+// starts as.
+void widen_param(ChunkManager& chunks, const ParamRecord& record, float* out) {
+  Acquisitions host(chunks, /*on_host=*/true, Stream{});
+  const void* param = host.acquire(record.managed->param_id, AccessMode::read, WaitMode::host);
+  if (param == nullptr) throw chunk_failure("reading " + record.label);
+  cpu::convert_to_float(param, record.dtype, out, record.count, torch_exec_config());
+}
+
 void fill_master_if_new(ChunkManager& chunks, ParamRecord& record) {
   if (!record.low_precision() || record.master_ready) return;
   Acquisitions host(chunks, /*on_host=*/true, Stream{});
-  const void* param = host.acquire(record.managed->param_id, AccessMode::read, WaitMode::host);
   auto* master =
       static_cast<float*>(host.acquire(record.master, AccessMode::read_write, WaitMode::host));
-  if (param == nullptr || master == nullptr)
-    throw chunk_failure("initialising the master copy of " + record.label);
-  cpu::convert_to_float(param, record.dtype, master, record.count, torch_exec_config());
+  if (master == nullptr) throw chunk_failure("initialising the master copy of " + record.label);
+  widen_param(chunks, record, master);
   record.master_ready = true;
 }
 
@@ -629,11 +628,7 @@ std::optional<ChunkedOptimizer::ParamState> ChunkedOptimizer::param_state(
       read_chunk_tensor(chunks, record->master, state.master.data_ptr(),
                         record->count * sizeof(float));
     } else {  // Note [A master copy starts at the first step]
-      Acquisitions host(chunks, /*on_host=*/true, Stream{});
-      const void* param = host.acquire(record->managed->param_id, AccessMode::read, WaitMode::host);
-      if (param == nullptr) throw chunk_failure("reading " + record->label);
-      cpu::convert_to_float(param, record->dtype, state.master.data_ptr<float>(), record->count,
-                            torch_exec_config());
+      widen_param(chunks, *record, state.master.data_ptr<float>());
     }
   }
   return state;

@@ -128,17 +128,19 @@ std::vector<ManagedParam*> stepped(const std::vector<std::shared_ptr<ManagedPara
 void gather_group(c10d::ProcessGroup& group, const ChunkGroup& chunk_group) {
   const int world = group.getSize();
   const int rank = group.getRank();
+  std::vector<std::vector<ManagedParam*>> members;
+  for (const auto& member : chunk_group.members) members.push_back(stepped(member));
   std::int64_t widest = 0;
-  for (const auto& member : chunk_group.members) {
+  for (const auto& member : members) {
     std::int64_t member_bytes = 0;
-    for (const ManagedParam* managed : stepped(member)) member_bytes += bytes(*managed);
+    for (const ManagedParam* managed : member) member_bytes += bytes(*managed);
     widest = std::max(widest, member_bytes);
   }
   if (widest == 0) return;
   at::NoGradGuard no_grad;
   at::Tensor mine = at::zeros({widest}, at::kByte);
   std::int64_t offset = 0;
-  for (const ManagedParam* managed : stepped(chunk_group.members[static_cast<std::size_t>(rank)])) {
+  for (const ManagedParam* managed : members[static_cast<std::size_t>(rank)]) {
     mine.narrow(0, offset, bytes(*managed)).copy_(bytes_of(*managed));
     offset += bytes(*managed);
   }
@@ -148,8 +150,7 @@ void gather_group(c10d::ProcessGroup& group, const ChunkGroup& chunk_group) {
   for (int owner = 0; owner < world; ++owner) {
     if (owner == rank) continue;
     offset = widest * owner;
-    for (const ManagedParam* managed :
-         stepped(chunk_group.members[static_cast<std::size_t>(owner)])) {
+    for (const ManagedParam* managed : members[static_cast<std::size_t>(owner)]) {
       write_bytes(*managed, all.narrow(0, offset, bytes(*managed)));
       offset += bytes(*managed);
     }
