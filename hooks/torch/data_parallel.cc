@@ -6,7 +6,8 @@
 // the chunks (Note [Chunk groups across ranks] in rank_layout.cc): rank r
 // owns chunk r of each group of N parameter chunks.
 //  - reduce_gradients(): for each group, one all-to-all sends every rank's
-//    gradients of member j to rank j, in fp32; the owner sums them in rank
+//    gradients of member j to rank j (in their own dtype: Note [Gradients
+//    travel in their own dtype]); the owner sums them in fp32 in rank
 //    order and divides by N, which is deterministic and is what the
 //    in-process oracle computes. The owner's gradient is that mean; on other
 //    ranks the gradient is set to none and its grad chunk discarded. Any
@@ -195,80 +196,104 @@ void broadcast_from_rank_zero(c10d::ProcessGroup& group, const RankLayout& layou
   }
 }
 
-void reduce_group(ChunkManager& chunks, c10d::ProcessGroup& group, const ChunkGroup& chunk_group) {
-  const int world = group.getSize();
-  const int rank = group.getRank();
-  // Member j's segment: every gradient in fp32, then one flag per parameter
-  // (1 where this rank has a gradient).
-  std::vector<std::vector<ManagedParam*>> members;
-  for (const auto& member : chunk_group.members) members.push_back(stepped(member));
-  std::vector<std::int64_t> segment(static_cast<std::size_t>(world), 0);
-  for (int j = 0; j < world; ++j)
-    for (const ManagedParam* managed : members[static_cast<std::size_t>(j)])
-      segment[static_cast<std::size_t>(j)] += elements(*managed) + 1;
-  std::int64_t total = 0;
-  for (const std::int64_t s : segment) total += s;
-  if (total == 0) return;
+// Note [Gradients travel in their own dtype]
+// A member's segment in the all-to-all holds its gradients in their own
+// dtype, not widened: bf16 and fp16 gradients cross as 2 bytes each. The
+// owner widens each rank's values to the sum's dtype (fp32 for 16-bit
+// gradients, the gradient's own for fp32 and fp64), which is exact, then
+// sums in rank order and divides by N: the same arithmetic as sending fp32
+// copies, for half the bytes. Consecutive parameters of one dtype form a
+// run, summed by one op per rank; each run starts 16-byte aligned so that
+// it is viewed in place. One flag byte per parameter follows the runs.
+struct GradientRun {
+  at::ScalarType dtype;
+  std::int64_t offset = 0;    // in bytes, from the segment's start
+  std::int64_t elements = 0;  // of all its parameters together
+  std::vector<ManagedParam*> params;
+};
 
-  at::NoGradGuard no_grad;
-  at::Tensor send = at::empty({total}, at::kFloat);
-  std::int64_t offset = 0;
-  for (int j = 0; j < world; ++j) {
-    const auto& member = members[static_cast<std::size_t>(j)];
-    for (const ManagedParam* managed : member) {
+struct SegmentLayout {
+  std::vector<GradientRun> runs;
+  std::int64_t flags_offset = 0;  // one byte per parameter, in member order
+  std::int64_t bytes = 0;         // a multiple of 16, so the next segment is aligned
+};
+
+std::int64_t align16(std::int64_t bytes) { return (bytes + 15) / 16 * 16; }
+
+SegmentLayout segment_layout(const std::vector<ManagedParam*>& member) {
+  SegmentLayout layout;
+  std::int64_t end = 0;
+  for (ManagedParam* managed : member) {
+    const at::ScalarType dtype = managed->param.scalar_type();
+    if (layout.runs.empty() || layout.runs.back().dtype != dtype)
+      layout.runs.push_back({dtype, align16(end), 0, {}});
+    GradientRun& run = layout.runs.back();
+    run.elements += elements(*managed);
+    run.params.push_back(managed);
+    end = run.offset + run.elements * static_cast<std::int64_t>(c10::elementSize(dtype));
+  }
+  layout.flags_offset = end;
+  layout.bytes = member.empty() ? 0 : align16(end + static_cast<std::int64_t>(member.size()));
+  return layout;
+}
+
+// `bytes` (a byte tensor) from `offset` viewed as `count` values of `dtype`.
+at::Tensor values_at(const at::Tensor& bytes, std::int64_t offset, std::int64_t count,
+                     at::ScalarType dtype) {
+  const auto size = static_cast<std::int64_t>(c10::elementSize(dtype));
+  return bytes.narrow(0, offset, count * size).view(dtype);
+}
+
+// Fills `segment` (a byte tensor) with this rank's gradients of `layout`'s
+// parameters and their flags.
+void pack_gradients(const SegmentLayout& layout, at::Tensor segment) {
+  std::vector<std::uint8_t> flags;
+  for (const GradientRun& run : layout.runs) {
+    std::int64_t offset = 0;
+    const at::Tensor values = values_at(segment, run.offset, run.elements, run.dtype);
+    for (const ManagedParam* managed : run.params) {
       const at::Tensor grad = managed->param.grad();
-      at::Tensor values = send.narrow(0, offset, elements(*managed));
+      at::Tensor slot = values.narrow(0, offset, elements(*managed));
       if (grad.defined())
-        values.copy_(grad.reshape({-1}));
+        slot.copy_(grad.reshape({-1}));
       else
-        values.zero_();
+        slot.zero_();
+      flags.push_back(grad.defined() ? 1 : 0);
       offset += elements(*managed);
     }
-    std::vector<float> flags;
-    for (const ManagedParam* managed : member)
-      flags.push_back(managed->param.grad().defined() ? 1.0f : 0.0f);
-    send.narrow(0, offset, static_cast<std::int64_t>(flags.size()))
-        .copy_(at::tensor(flags, at::kFloat));
-    offset += static_cast<std::int64_t>(flags.size());
   }
-  const std::int64_t own = segment[static_cast<std::size_t>(rank)];
-  at::Tensor received = at::empty({own * world}, at::kFloat);
-  std::vector<std::int64_t> output_splits(static_cast<std::size_t>(world), own);
-  // Every segment crosses but this rank's own, sent and received alike.
-  const std::int64_t element = static_cast<std::int64_t>(sizeof(float));
-  const CollectivePayload payload{(total - own) * element, own * (world - 1) * element};
-  run_collective(group, "reducing gradients", payload,
-                 [&] { return group.alltoall_base(received, send, output_splits, segment); });
-  send.reset();  // room for what follows
+  const auto count = static_cast<std::int64_t>(flags.size());
+  segment.narrow(0, layout.flags_offset, count).copy_(at::tensor(flags, at::kByte));
+  segment.narrow(0, layout.flags_offset + count, layout.bytes - layout.flags_offset - count)
+      .zero_();
+}
 
-  // Sum in rank order, then divide: the oracle's arithmetic, in place.
-  at::Tensor mean = received.narrow(0, 0, own);
-  for (int from = 1; from < world; ++from) mean.add_(received.narrow(0, own * from, own));
-  mean.div_(static_cast<double>(world));
-
-  for (int j = 0; j < world; ++j) {
-    const auto& member = members[static_cast<std::size_t>(j)];
-    if (j != rank) {
-      for (ManagedParam* managed : member) {
-        std::lock_guard lock(managed->grad_mutex);
-        managed->param.mutable_grad().reset();
-        if (managed->bound_grad.defined() && chunks.discard(managed->grad_id) != Status::ok)
-          throw std::runtime_error(fmt::format(
-              "spillway data parallel: could not discard the gradient of a parameter rank {} "
-              "owns: {}",
-              j, ChunkManager::last_error()));
-      }
-      continue;
-    }
-    offset = 0;
-    const std::int64_t flag_count = static_cast<std::int64_t>(member.size());
-    const at::Tensor reached = mean.narrow(0, own - flag_count, flag_count).gt(0).to(at::kCPU);
-    const auto reached_by = reached.accessor<bool, 1>();
-    for (std::size_t i = 0; i < member.size(); ++i) {
-      ManagedParam& managed = *member[i];
+// Gives the owner, for every parameter of `layout`, the mean over the ranks
+// of the segments in `received` (one per rank, in rank order), or none
+// where no rank had a gradient.
+void write_means(const SegmentLayout& layout, const at::Tensor& received, int world) {
+  std::int64_t flag_count = 0;
+  for (const GradientRun& run : layout.runs)
+    flag_count += static_cast<std::int64_t>(run.params.size());
+  at::Tensor reached = at::zeros({flag_count}, at::kInt);
+  for (int from = 0; from < world; ++from)
+    reached.add_(received.narrow(0, layout.bytes * from + layout.flags_offset, flag_count));
+  const at::Tensor any = reached.gt(0);
+  const auto reached_by = any.accessor<bool, 1>();
+  std::int64_t index = 0;
+  for (const GradientRun& run : layout.runs) {
+    const at::ScalarType sum_dtype = at::promote_types(run.dtype, at::kFloat);
+    // Sum in rank order, then divide: the oracle's arithmetic.
+    at::Tensor mean = values_at(received, run.offset, run.elements, run.dtype).to(sum_dtype);
+    for (int from = 1; from < world; ++from)
+      mean.add_(values_at(received, layout.bytes * from + run.offset, run.elements, run.dtype));
+    mean.div_(static_cast<double>(world));
+    std::int64_t offset = 0;
+    for (ManagedParam* param : run.params) {
+      ManagedParam& managed = *param;
       const std::int64_t n = elements(managed);
       std::lock_guard lock(managed.grad_mutex);
-      if (!reached_by[static_cast<std::int64_t>(i)]) {
+      if (!reached_by[index++]) {
         managed.param.mutable_grad().reset();  // no rank reached it
       } else {
         const at::Tensor values = mean.narrow(0, offset, n).view(managed.param.sizes());
@@ -284,6 +309,53 @@ void reduce_group(ChunkManager& chunks, c10d::ProcessGroup& group, const ChunkGr
       offset += n;
     }
   }
+}
+
+void reduce_group(ChunkManager& chunks, c10d::ProcessGroup& group, const ChunkGroup& chunk_group) {
+  const int world = group.getSize();
+  const int rank = group.getRank();
+  std::vector<std::vector<ManagedParam*>> members;
+  std::vector<SegmentLayout> layouts;
+  std::vector<std::int64_t> segment;  // bytes of member j's segment
+  std::int64_t total = 0;
+  for (const auto& member : chunk_group.members) {
+    members.push_back(stepped(member));
+    layouts.push_back(segment_layout(members.back()));
+    segment.push_back(layouts.back().bytes);
+    total += layouts.back().bytes;
+  }
+  if (total == 0) return;
+
+  at::NoGradGuard no_grad;
+  at::Tensor send = at::empty({total}, at::kByte);
+  std::int64_t offset = 0;
+  for (int j = 0; j < world; ++j) {
+    const auto index = static_cast<std::size_t>(j);
+    pack_gradients(layouts[index], send.narrow(0, offset, segment[index]));
+    offset += segment[index];
+  }
+  const std::int64_t own = segment[static_cast<std::size_t>(rank)];
+  at::Tensor received = at::empty({own * world}, at::kByte);
+  std::vector<std::int64_t> output_splits(static_cast<std::size_t>(world), own);
+  // Every segment crosses but this rank's own, sent and received alike.
+  const CollectivePayload payload{total - own, own * (world - 1)};
+  run_collective(group, "reducing gradients", payload,
+                 [&] { return group.alltoall_base(received, send, output_splits, segment); });
+  send.reset();  // room for what follows
+
+  for (int j = 0; j < world; ++j) {
+    if (j == rank) continue;
+    for (ManagedParam* managed : members[static_cast<std::size_t>(j)]) {
+      std::lock_guard lock(managed->grad_mutex);
+      managed->param.mutable_grad().reset();
+      if (managed->bound_grad.defined() && chunks.discard(managed->grad_id) != Status::ok)
+        throw std::runtime_error(fmt::format(
+            "spillway data parallel: could not discard the gradient of a parameter rank {} "
+            "owns: {}",
+            j, ChunkManager::last_error()));
+    }
+  }
+  write_means(layouts[static_cast<std::size_t>(rank)], received, world);
 }
 
 // Calls `visit` with every parameter of the layout; stops at the first

@@ -105,6 +105,9 @@ struct Scenario {
   // Above 0: gradients clipped to this norm before each step, by
   // spillway::clip_grad_norm_ on the ranks and torch's on the oracle.
   double clip_norm = 0;
+  // The model's dtype. bf16 gradients travel as bf16 and are summed in fp32
+  // (Note [Gradients travel in their own dtype]), as the oracle does.
+  torch::Dtype dtype = torch::kFloat;
 };
 
 constexpr int kCriticSeed = 8;
@@ -269,8 +272,13 @@ std::string state_bytes_path(const std::string& folder, int rank) {
 // One rank's training under spillway.
 void train_rank(const RankEnvironment& env, const Scenario& scenario) {
   use_conf(scenario.torchrun);
+  // A bf16 model is half the bytes: half the budget still spills.
+  if (scenario.dtype != torch::kFloat)
+    spillway::Runtime::process().chunk_manager().set_device_budget_bytes(
+        kChunkBudgetBytes * torch::elementSize(scenario.dtype) / 4);
   torch::manual_seed(7);
   Mlp model;
+  model.to(scenario.dtype);
   torch::manual_seed(kCriticSeed);
   Mlp critic;
   if (!scenario.torchrun) spillway::set_process_group(connect(env));
@@ -285,7 +293,9 @@ void train_rank(const RankEnvironment& env, const Scenario& scenario) {
     trainer.zero_grad();
     for (int micro = 0; micro < scenario.micro_batches; ++micro) {
       auto [x, y] = batch(step + batch_offset, env.rank, micro);
-      torch::mse_loss(trained.forward(x, uses_extra(step, env.rank, micro)), y).backward();
+      torch::mse_loss(trained.forward(x.to(scenario.dtype), uses_extra(step, env.rank, micro)),
+                      y.to(scenario.dtype))
+          .backward();
     }
     // Clipping reduces the gradients itself: the reduction below must then
     // reduce nothing more (Note [A reduction reduces what backward wrote
@@ -464,6 +474,7 @@ RunResult oracle(const Scenario& scenario, bool concatenated) {
   spillway::torch_bridge::HostWorkScope host_memory;
   torch::manual_seed(7);
   Mlp model;
+  model.to(scenario.dtype);
   torch::manual_seed(kCriticSeed);
   Mlp critic;
   // spillway's optimizer needs spillway: the oracle runs it too, without a
@@ -483,14 +494,19 @@ RunResult oracle(const Scenario& scenario, bool concatenated) {
       trainer.zero_grad();
       for (int micro = 0; micro < scenario.micro_batches; ++micro) {
         auto [x, y] = batch(step + batch_offset, rank, micro);
-        torch::Tensor loss = torch::mse_loss(trained.forward(x, uses_extra(step, rank, micro)), y);
+        torch::Tensor loss =
+            torch::mse_loss(trained.forward(x.to(scenario.dtype), uses_extra(step, rank, micro)),
+                            y.to(scenario.dtype));
         if (concatenated) loss = loss / scenario.world;
         loss.backward();
       }
       for (std::size_t i = 0; i < params.size(); ++i) {
         const torch::Tensor grad = params[i].grad();
         reached[i] = reached[i] || grad.defined();
-        const torch::Tensor values = grad.defined() ? grad : torch::zeros_like(params[i]);
+        // Summed wide (fp32 for bf16), as the owners sum what they receive.
+        const torch::Tensor values =
+            (grad.defined() ? grad : torch::zeros_like(params[i]))
+                .to(c10::promoteTypes(params[i].scalar_type(), torch::kFloat));
         if (concatenated)
           sums[i] = rank == 0 ? values.clone() : sums[i] + values;
         else if (rank == 0)
@@ -507,7 +523,8 @@ RunResult oracle(const Scenario& scenario, bool concatenated) {
         continue;
       }
       param.mutable_grad() =
-          concatenated ? sums[i] : sums[i].div_(static_cast<double>(scenario.world));
+          (concatenated ? sums[i] : sums[i].div_(static_cast<double>(scenario.world)))
+              .to(param.scalar_type());
     }
     if (scenario.clip_norm > 0)
       result.clip_norms.push_back(torch::nn::utils::clip_grad_norm_(params, scenario.clip_norm));
@@ -571,9 +588,12 @@ void expect_ranks_match_the_oracle(const Scenario& scenario) {
     for (int rank = 0; rank < scenario.world; ++rank)
       EXPECT_TRUE(same_bits(ranks[rank].params[i], expected.params[i]))
           << "rank " << rank << ", parameter #" << i;
-    EXPECT_TRUE(torch::allclose(expected.params[i], one_process.params[i], 1.3e-6, 1e-5))
-        << "parameter #" << i << " against one process on the concatenated batch: max |diff| "
-        << (expected.params[i] - one_process.params[i]).abs().max().item<double>();
+    // torch's default fp32 tolerances; a bf16 model rounds its gradients
+    // before the sum, so only the bit-for-bit oracle applies to it.
+    if (scenario.dtype == torch::kFloat)
+      EXPECT_TRUE(torch::allclose(expected.params[i], one_process.params[i], 1.3e-6, 1e-5))
+          << "parameter #" << i << " against one process on the concatenated batch: max |diff| "
+          << (expected.params[i] - one_process.params[i]).abs().max().item<double>();
     int holders = 0;
     for (int rank = 0; rank < scenario.world; ++rank) {
       const auto& state = ranks[rank].states[i];
@@ -594,7 +614,8 @@ void expect_ranks_match_the_oracle(const Scenario& scenario) {
   // parameters (2 MiB of fp32 elements, times the state tensors per parameter).
   const std::int64_t slots = scenario.optimizer == Optimizer::sgd_momentum ? 1 : 2;
   const std::int64_t models = scenario.two_models ? 2 : 1;  // one chunk's slack each
-  const std::int64_t chunk_elements = (std::int64_t{2} << 20) / 4 * slots * models;
+  const std::int64_t chunk_elements =
+      (std::int64_t{2} << 20) / torch::elementSize(scenario.dtype) * slots * models;
   for (int rank = 0; rank < scenario.world; ++rank)
     EXPECT_LE(std::abs(state_elements[rank] * scenario.world - state_elements_total),
               chunk_elements * scenario.world)
@@ -617,6 +638,11 @@ void expect_ranks_match_the_oracle(const Scenario& scenario) {
 
 TEST(DataParallel, TwoRanksAdamMatchTheOracleBitForBit) {
   expect_ranks_match_the_oracle({.world = 2, .steps = 3, .optimizer = Optimizer::adam});
+}
+
+TEST(DataParallel, TwoRanksBf16AdamMatchTheOracleBitForBit) {
+  expect_ranks_match_the_oracle(
+      {.world = 2, .steps = 3, .optimizer = Optimizer::adam, .dtype = torch::kBFloat16});
 }
 
 TEST(DataParallel, FourRanksSgdWithMomentumMatchTheOracleBitForBit) {
@@ -913,14 +939,14 @@ TEST(DataParallel, BuffersAndFrozenParametersTakeRankZerosValues) {
 
 }  // namespace
 
-// Six parameters of one chunk each (2 MiB of fp32): with 3 ranks, two full
-// groups, so each step's reduction and gathering must move the minimum,
-// 2(N-1)/N of the parameter bytes plus as much of the gradient bytes, and
-// no more than the flags and the layout checks beside them (Note [Counting
-// what the collectives move]).
+// Six parameters of 2 MiB of fp32 each (one chunk each; in bf16, two to a
+// chunk): with 3 ranks, full groups, so each step's reduction and gathering
+// must move the minimum, 2(N-1)/N of the parameter bytes plus as much of the
+// gradient bytes, and no more than the flags and the layout checks beside
+// them (Note [Counting what the collectives move]).
 struct ChunkSizedParams : torch::nn::Module {
   static constexpr std::int64_t kCount = 6;
-  static constexpr std::int64_t kBytes = std::int64_t{2} << 20;
+  static constexpr std::int64_t kElements = std::int64_t{512} << 10;
   ChunkSizedParams() {
     for (std::int64_t i = 0; i < kCount; ++i)
       params.push_back(register_parameter("p" + std::to_string(i), torch::randn({512, 1024})));
@@ -933,13 +959,14 @@ struct ChunkSizedParams : torch::nn::Module {
   std::vector<torch::Tensor> params;
 };
 
-TEST(DataParallel, AStepMovesTheMinimumBytesPlusFlags) {
+void expect_a_step_to_move_the_minimum_bytes_plus_flags(torch::Dtype dtype) {
   constexpr int kWorld = 3;
   constexpr std::int64_t kSteps = 2;
   if (auto env = rank_environment()) {
     use_conf();
     torch::manual_seed(7);
     ChunkSizedParams model;
+    model.to(dtype);
     spillway::set_process_group(connect(*env));
     spillway::manage(model);
     torch::optim::SGD optimizer(model.parameters(), torch::optim::SGDOptions(0.01));
@@ -960,21 +987,33 @@ TEST(DataParallel, AStepMovesTheMinimumBytesPlusFlags) {
   TemporaryFolder folder;
   run_ranks(kWorld, folder.path);
   if (::testing::Test::HasFailure()) return;
-  // Each way, per step: (N-1)/N of the parameters and of the gradients.
-  constexpr std::int64_t kModelBytes = ChunkSizedParams::kCount * ChunkSizedParams::kBytes;
-  constexpr std::int64_t kMinimum = 2 * kModelBytes * (kWorld - 1) / kWorld;
+  // Each way, per step: (N-1)/N of the parameters and of the gradients, in
+  // the model's dtype.
+  const std::int64_t model_bytes = ChunkSizedParams::kCount * ChunkSizedParams::kElements *
+                                   static_cast<std::int64_t>(torch::elementSize(dtype));
+  const std::int64_t minimum = 2 * model_bytes * (kWorld - 1) / kWorld;
   std::int64_t all_sent = 0, all_received = 0;
   for (int rank = 0; rank < kWorld; ++rank) {
     std::int64_t sent = 0, received = 0;
     std::ifstream(folder.path + "/traffic" + std::to_string(rank)) >> sent >> received;
     for (const std::int64_t moved : {sent, received}) {
-      EXPECT_GE(moved, kSteps * kMinimum) << "rank " << rank;
-      EXPECT_LE(moved, kSteps * (kMinimum + 1024)) << "rank " << rank;
+      EXPECT_GE(moved, kSteps * minimum) << "rank " << rank;
+      EXPECT_LE(moved, kSteps * (minimum + 1024)) << "rank " << rank;
     }
     all_sent += sent;
     all_received += received;
   }
   EXPECT_EQ(all_sent, all_received) << "what the ranks sent, they received";
+}
+
+TEST(DataParallel, AStepMovesTheMinimumBytesPlusFlags) {
+  expect_a_step_to_move_the_minimum_bytes_plus_flags(torch::kFloat);
+}
+
+// bf16 gradients travel as bf16: half the bytes of fp32 (Note [Gradients
+// travel in their own dtype]).
+TEST(DataParallel, ABf16StepMovesTheMinimumBytesPlusFlags) {
+  expect_a_step_to_move_the_minimum_bytes_plus_flags(torch::kBFloat16);
 }
 
 // Note [A backward onto a reduced gradient]: a backward between a reduction
