@@ -24,6 +24,7 @@
 // is a few bytes per operation and goes to the store, not the ranks.
 #include "hooks/torch/collective_wait.h"
 
+#include <algorithm>
 #include <atomic>
 
 #include <stdexcept>
@@ -32,6 +33,9 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include <ATen/Context.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 
 #include "hooks/torch/spillway_torch.h"
 
@@ -91,6 +95,41 @@ void note_progress(c10d::ProcessGroup& group, std::uint64_t sequence) {
   if (!store) return;
   const std::string value = std::to_string(sequence);
   store->set(progress_key(group.getRank()), std::vector<std::uint8_t>(value.begin(), value.end()));
+}
+
+// Note [The device collectives take]
+// A backend takes tensors of the device types it was registered for: Gloo
+// the CPU's (and CUDA's), NCCL CUDA's only. torch.distributed's default
+// group on a GPU machine has both ("cpu:gloo,cuda:nccl"), but a group made
+// with backend="nccl" has no CPU backend, and a CPU tensor fails in it. So
+// the staging tensors of every collective are made on collective_device():
+// the CPU where the group has a CPU backend (the bytes then cross no
+// PCIe link), else the group's CUDA device. What the host reads back
+// (flags, norms, layout fingerprints) is copied to the CPU after the
+// collective. Gradients and parameters are copied into and out of the
+// staging tensors with copy_, which crosses devices as needed.
+c10::Device collective_device(c10d::ProcessGroup& group) {
+  const std::vector<c10::Device> devices = group.getDeviceTypes();
+  const auto has = [&](c10::DeviceType type) {
+    return std::ranges::any_of(devices, [&](const c10::Device& d) { return d.type() == type; });
+  };
+  // No registered backend at all: a ProcessGroup subclass of its own,
+  // which takes CPU tensors as ProcessGroups did before backends.
+  if (devices.empty() || has(c10::DeviceType::CPU)) return c10::Device(c10::DeviceType::CPU);
+  if (has(c10::DeviceType::CUDA) && at::hasCUDA()) {
+    if (const std::optional<at::Device> bound = group.getBoundDeviceId()) return *bound;
+    return c10::Device(c10::DeviceType::CUDA, at::detail::getCUDAHooks().getCurrentDevice());
+  }
+  std::vector<std::string> names;
+  for (const c10::Device& device : devices)
+    names.push_back(c10::DeviceTypeName(device.type(), /*lower_case=*/true));
+  throw std::invalid_argument(fmt::format(
+      "spillway data parallel: the process group's backend ({}) takes tensors of {} only, and "
+      "{} usable in this process. Use a group with a CPU backend (\"gloo\", or "
+      "\"cpu:gloo,cuda:nccl\", torch.distributed's default on a GPU machine), or run where its "
+      "device is usable",
+      group.getBackendName(), fmt::join(names, ", "),
+      has(c10::DeviceType::CUDA) ? "CUDA is not" : "none of them is"));
 }
 
 void run_collective(c10d::ProcessGroup& group, std::string_view what, CollectivePayload payload,

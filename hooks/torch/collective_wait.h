@@ -31,6 +31,12 @@ CollectivePayload broadcast_payload(std::int64_t bytes, int world_size, bool roo
 // An all-reduce of `bytes` (ring: a reduce-scatter, then an all-gather).
 CollectivePayload all_reduce_payload(std::int64_t bytes, int world_size);
 
+// The device that `group`'s collectives take their tensors on (Note [The
+// device collectives take] in collective_wait.cc): the CPU where the group
+// has a CPU backend, else its CUDA device. Throws std::invalid_argument,
+// naming the backend, where neither is usable.
+c10::Device collective_device(c10d::ProcessGroup& group);
+
 // Issues a collective with `issue`, waits for it and counts `payload` into
 // the process's traffic (spillway::data_parallel_traffic). When either
 // fails, throws std::runtime_error saying `what` failed, which ranks never

@@ -139,13 +139,15 @@ void gather_group(c10d::ProcessGroup& group, const ChunkGroup& chunk_group) {
   }
   if (widest == 0) return;
   at::NoGradGuard no_grad;
-  at::Tensor mine = at::zeros({widest}, at::kByte);
+  // Note [The device collectives take]
+  const at::TensorOptions staging = at::TensorOptions(at::kByte).device(collective_device(group));
+  at::Tensor mine = at::zeros({widest}, staging);
   std::int64_t offset = 0;
   for (const ManagedParam* managed : members[static_cast<std::size_t>(rank)]) {
     mine.narrow(0, offset, bytes(*managed)).copy_(bytes_of(*managed));
     offset += bytes(*managed);
   }
-  at::Tensor all = at::empty({widest * world}, at::kByte);
+  at::Tensor all = at::empty({widest * world}, staging);
   run_collective(group, "gathering parameters", all_gather_payload(widest, world),
                  [&] { return group._allgather_base(all, mine); });
   for (int owner = 0; owner < world; ++owner) {
@@ -177,7 +179,8 @@ void broadcast_from_rank_zero(c10d::ProcessGroup& group, const RankLayout& layou
   if (total == 0) return;
   at::NoGradGuard no_grad;
   const bool root = group.getRank() == 0;
-  at::Tensor all = at::empty({total}, at::kByte);
+  at::Tensor all =
+      at::empty({total}, at::TensorOptions(at::kByte).device(collective_device(group)));
   std::int64_t offset = 0;
   if (root)
     for (const ManagedParam* managed : unstepped) {
@@ -275,10 +278,10 @@ void write_means(const SegmentLayout& layout, const at::Tensor& received, int wo
   std::int64_t flag_count = 0;
   for (const GradientRun& run : layout.runs)
     flag_count += static_cast<std::int64_t>(run.params.size());
-  at::Tensor reached = at::zeros({flag_count}, at::kInt);
+  at::Tensor reached = at::zeros({flag_count}, received.options().dtype(at::kInt));
   for (int from = 0; from < world; ++from)
     reached.add_(received.narrow(0, layout.bytes * from + layout.flags_offset, flag_count));
-  const at::Tensor any = reached.gt(0);
+  const at::Tensor any = reached.gt(0).cpu();
   const auto reached_by = any.accessor<bool, 1>();
   std::int64_t index = 0;
   for (const GradientRun& run : layout.runs) {
@@ -327,7 +330,9 @@ void reduce_group(ChunkManager& chunks, c10d::ProcessGroup& group, const ChunkGr
   if (total == 0) return;
 
   at::NoGradGuard no_grad;
-  at::Tensor send = at::empty({total}, at::kByte);
+  // Note [The device collectives take]
+  const at::TensorOptions staging = at::TensorOptions(at::kByte).device(collective_device(group));
+  at::Tensor send = at::empty({total}, staging);
   std::int64_t offset = 0;
   for (int j = 0; j < world; ++j) {
     const auto index = static_cast<std::size_t>(j);
@@ -335,7 +340,7 @@ void reduce_group(ChunkManager& chunks, c10d::ProcessGroup& group, const ChunkGr
     offset += segment[index];
   }
   const std::int64_t own = segment[static_cast<std::size_t>(rank)];
-  at::Tensor received = at::empty({own * world}, at::kByte);
+  at::Tensor received = at::empty({own * world}, staging);
   std::vector<std::int64_t> output_splits(static_cast<std::size_t>(world), own);
   // Every segment crosses but this rank's own, sent and received alike.
   const CollectivePayload payload{total - own, own * (world - 1)};
@@ -431,10 +436,11 @@ std::vector<std::optional<double>> owned_figures_everywhere(
     values[i] = *figures[static_cast<std::size_t>(i)];
     values[count + i] = 1;
   }
-  std::vector<at::Tensor> tensors{sums};
+  std::vector<at::Tensor> tensors{sums.to(collective_device(*group))};
   run_collective(*group, fmt::format("summing {} over owners", what),
                  all_reduce_payload(sums.nbytes(), group->getSize()),
                  [&] { return group->allreduce(tensors); });
+  sums = tensors[0].cpu();
   values = sums.data_ptr<double>();
   for (std::int64_t i = 0; i < count; ++i) {
     const double present = values[count + i];
@@ -455,7 +461,8 @@ bool on_any_rank(bool condition, std::string_view what) {
   if (!group || group->getSize() == 1) return condition;
   std::lock_guard lock(data_parallel().mutex);
   begin_operation(*group);
-  std::vector<at::Tensor> flag{at::full({1}, condition ? 1 : 0, at::kInt)};
+  std::vector<at::Tensor> flag{at::full(
+      {1}, condition ? 1 : 0, at::TensorOptions(at::kInt).device(collective_device(*group)))};
   run_collective(*group, fmt::format("asking every rank whether {}", what),
                  all_reduce_payload(flag[0].nbytes(), group->getSize()), [&] {
                    return group->allreduce(flag, c10d::AllreduceOptions{c10d::ReduceOp::MAX});
@@ -499,6 +506,8 @@ void gather_owned_parameters(ChunkManager& chunks) { gather_from_owners(chunks, 
 void set_process_group(c10::intrusive_ptr<c10d::ProcessGroup> group) {
   if (group && group->getSize() < 1)
     throw std::invalid_argument("spillway::set_process_group: the group has no ranks");
+  // Refused here, not at the first reduction (Note [The device collectives take]).
+  if (group) torch_bridge::collective_device(*group);
   ChunkManager& chunks = torch_bridge::active_chunk_manager();
   {
     std::lock_guard lock(torch_bridge::data_parallel().mutex);
@@ -532,11 +541,12 @@ void reduce_clients(const std::optional<std::vector<torch::Tensor>>& params) {
   at::Tensor written = at::zeros({static_cast<std::int64_t>(layouts.size())}, at::kInt);
   for (std::size_t i = 0; i < layouts.size(); ++i)
     written[static_cast<std::int64_t>(i)] = torch_bridge::gradients_unreduced(layouts[i]) ? 1 : 0;
-  std::vector<at::Tensor> flags{written};
+  std::vector<at::Tensor> flags{written.to(torch_bridge::collective_device(*group))};
   torch_bridge::run_collective(
       *group, "deciding which models to reduce",
       torch_bridge::all_reduce_payload(written.nbytes(), group->getSize()),
       [&] { return group->allreduce(flags, c10d::AllreduceOptions{c10d::ReduceOp::MAX}); });
+  written = flags[0].cpu();
   for (std::size_t i = 0; i < layouts.size(); ++i) {
     if (written[static_cast<std::int64_t>(i)].item<int>() == 0) continue;
     for (const torch_bridge::ChunkGroup& chunk_group : layouts[i].groups)

@@ -60,15 +60,16 @@ std::string describe(const ManagedParam& managed, const TensorInfo& info, std::s
                      stepped_by_owner(managed) ? "" : ", not trained", chunk_index, info.offset);
 }
 
-// All ranks' rows of `row` (int64), world_size x row.numel().
+// All ranks' rows of `row` (int64), world_size x row.numel(), on the CPU.
 at::Tensor all_gather_rows(c10d::ProcessGroup& group, const at::Tensor& row) {
-  std::vector<at::Tensor> input{row.contiguous()};
+  // Note [The device collectives take]
+  std::vector<at::Tensor> input{row.contiguous().to(collective_device(group))};
   std::vector<std::vector<at::Tensor>> output(1);
   for (int rank = 0; rank < group.getSize(); ++rank) output[0].push_back(at::empty_like(input[0]));
   run_collective(group, "comparing the ranks' layouts",
                  all_gather_payload(input[0].nbytes(), group.getSize()),
                  [&] { return group.allgather(output, input); });
-  return at::stack(output[0]);
+  return at::stack(output[0]).cpu();
 }
 
 }  // namespace

@@ -1130,3 +1130,56 @@ TEST(DataParallel, Bf16ChunkedAdamStateChunksBelongToOneOwnerEach) {
         << all_bytes << " bytes of state chunks";
   }
 }
+
+// Note [The device collectives take]: a group whose backend takes CUDA
+// tensors only (as one made with backend="nccl") is refused where CUDA is
+// not usable, naming the backend, before any collective; a group with a CPU
+// backend beside it takes the collectives on the CPU.
+TEST(DataParallel, AGroupWithoutACpuBackendIsRefusedWhereCudaIsNotUsable) {
+  if (at::hasCUDA()) GTEST_SKIP() << "CUDA is usable here: such a group stages on the GPU";
+  TemporaryFolder folder;
+  use_conf();
+  torch::manual_seed(7);
+  ChunkSizedParams model;
+  spillway::manage(model);
+  auto store = c10::make_intrusive<c10d::FileStore>(folder.path + "/store", 1);
+  auto options = c10d::ProcessGroupGloo::Options::create();
+  options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, 0, 1, options);
+  using Backend = c10d::ProcessGroup::BackendType;
+
+  // CUDA's alone, labelled as NCCL would be.
+  auto cuda_only = c10::make_intrusive<c10d::ProcessGroup>(store, 0, 1);
+  cuda_only->setBackend(c10::DeviceType::CUDA, Backend::NCCL, gloo);
+  cuda_only->setDefaultBackend(Backend::NCCL);
+  const std::int64_t before = spillway::data_parallel_traffic().collectives;
+  std::string message = "did not throw";
+  try {
+    spillway::set_process_group(cuda_only);
+  } catch (const std::invalid_argument& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("backend (nccl) takes tensors of cuda only"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("cpu:gloo,cuda:nccl"), std::string::npos) << message;
+  // Not kept: a reduction then runs no collective.
+  model.loss(1.0).backward();
+  spillway::reduce_gradients();
+  EXPECT_EQ(spillway::data_parallel_traffic().collectives, before)
+      << "the refused group ran a collective";
+  for (const auto& p : model.params) p.mutable_grad().reset();
+
+  // CPU's and CUDA's: the collectives run on the CPU, and a step reduces.
+  auto both = c10::make_intrusive<c10d::ProcessGroup>(store, 0, 1);
+  both->setBackend(c10::DeviceType::CPU, Backend::GLOO, gloo);
+  both->setBackend(c10::DeviceType::CUDA, Backend::GLOO, gloo);
+  both->setDefaultBackend(Backend::GLOO);
+  spillway::set_process_group(both);
+  EXPECT_EQ(spillway::data_parallel_world_size(), 1);
+  const std::int64_t collectives = spillway::data_parallel_traffic().collectives;
+  model.loss(1.0).backward();
+  spillway::reduce_gradients();
+  EXPECT_GT(spillway::data_parallel_traffic().collectives, collectives);
+  for (const auto& p : model.params) EXPECT_TRUE(p.grad().defined());
+  spillway::set_process_group(nullptr);
+}

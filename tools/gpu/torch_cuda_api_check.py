@@ -12,7 +12,10 @@ torch.cuda.memory.CUDAPluggableAllocator:
   memory_reserved, reset_peak_memory_stats, empty_cache, Tensor.record_stream,
 plus a 0-byte tensor, and a tensor over the budget raising
 torch.cuda.OutOfMemoryError with spillway's figures, after which allocation
-goes on. Prints one `ok NAME` or `FAIL NAME: why` line each.
+goes on; last, data parallel over a 1-rank NCCL group (Note [The device
+collectives take] in hooks/torch/collective_wait.cc): every collective of a
+training step through NCCL on this GPU, the result bit-identical to the same
+steps without the group. Prints one `ok NAME` or `FAIL NAME: why` line each.
 
     python3 tools/gpu/torch_cuda_api_check.py --build build-gpu [--rehearse]
 
@@ -39,7 +42,7 @@ MiB = 1 << 20
 
 CHECK_NAMES = ("empty tensor", "memory_allocated", "memory_stats", "memory_reserved",
                "max_memory_allocated", "reset_peak_memory_stats", "empty_cache", "record_stream",
-               "out of memory", "allocation after out of memory")
+               "out of memory", "allocation after out of memory", "nccl data parallel, 1 rank")
 # spillway's figures that torch.cuda.memory_stats() must repeat.
 COMPARED_KEYS = ("allocated_bytes.all.current", "allocated_bytes.all.peak",
                  "reserved_bytes.all.current", "segment.all.current", "allocation.all.current",
@@ -115,6 +118,52 @@ def check_all(torch, spillway, budget):
     total = int(after.sum().item())
     yield "allocation after out of memory", None if total == 7 * MiB else f"sum {total}"
     del held
+    yield "nccl data parallel, 1 rank", nccl_one_rank(torch, spillway)
+
+
+def nccl_one_rank(torch, spillway):
+    """None when three SGD steps of a managed model with every data parallel
+    collective on a 1-rank NCCL group (gathers, the all-to-all reduction,
+    the flags' all-reduce) equal bit for bit the same steps without the
+    group; else why not."""
+    import torch.distributed as dist
+    if not dist.is_nccl_available():
+        return "this torch has no NCCL"
+    device = torch.device("cuda", torch.cuda.current_device())
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1,
+                            device_id=device)
+    group = dist.distributed_c10d._get_default_group()
+    try:
+        def train(with_group):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
+                                        torch.nn.Linear(512, 16)).to(device)
+            spillway.manage(model)  # a 1-rank group is one manage() skips: set it directly
+            if with_group:
+                spillway._C.set_process_group(group)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+            x = torch.randn(32, 256, device=device)
+            for _ in range(3):
+                optimizer.zero_grad()
+                model(x).square().mean().backward()
+                if with_group:  # the optimizer's hook reduces only for 2 ranks or more
+                    spillway._C.reduce_gradients(list(model.parameters()))
+                optimizer.step()
+            values = [p.detach().cpu().clone() for p in model.parameters()]
+            spillway._C.set_process_group(None)
+            spillway.unmanage(model)
+            return values
+
+        expected = train(False)
+        before = spillway.data_parallel_traffic()["collectives"]
+        got = train(True)
+        ran = spillway.data_parallel_traffic()["collectives"] - before
+        if ran < 4:
+            return f"{ran} collectives ran; a join, a reduction and a gathering take more"
+        differing = [i for i, (a, b) in enumerate(zip(expected, got)) if not torch.equal(a, b)]
+        return None if not differing else f"parameters {differing} differ from the run without it"
+    finally:
+        dist.destroy_process_group()
 
 
 def gpu_conf(budget_mib):
@@ -138,8 +187,11 @@ def rehearse(spillway, budget_mib):
     names = names_checked_on_a_gpu()
     yield "CHECK_NAMES lists every GPU check", (
         None if names == CHECK_NAMES else f"check_all yields {names}")
-    missing = [name for name in ("use_as_torch_cuda_allocator", "memory_stats", "enable")
+    missing = [name for name in ("use_as_torch_cuda_allocator", "memory_stats", "enable",
+                                 "manage", "unmanage", "data_parallel_traffic")
                if not callable(getattr(spillway, name, None))]
+    missing += [f"_C.{name}" for name in ("set_process_group", "reduce_gradients")
+                if not callable(getattr(spillway._C, name, None))]
     yield "package exposes the entry points", (None if not missing else f"missing {missing}")
     try:
         device = spillway._C.checked_device(gpu_conf(budget_mib))
