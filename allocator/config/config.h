@@ -42,7 +42,7 @@ struct Config {
   ByteBudget device_budget{0, 0.9};
   ByteBudget host_budget{0, 0.5};
   std::size_t chunk_size = 64'000'000;
-  bool expandable_segments = true;  // Note [Expandable segments] (caching_allocator.cc)
+  bool expandable_segments = true;  // Note [Expandable segments] (expandable_segments.cc)
   EvictionPolicyKind policy = EvictionPolicyKind::planned;
   int warmup_steps = 1;
   bool prefetch = true;
