@@ -214,14 +214,19 @@ std::optional<RankEnvironment> rank_environment() {
   return RankEnvironment{std::atoi(rank), std::atoi(world), folder};
 }
 
+// Gloo over the loopback, with a short timeout.
+c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo_backend(c10::intrusive_ptr<c10d::Store> store,
+                                                        int rank, int world) {
+  auto options = c10d::ProcessGroupGloo::Options::create();
+  options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  options->timeout = std::chrono::seconds(60);
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(std::move(store), rank, world, options);
+}
+
 c10::intrusive_ptr<c10d::ProcessGroup> connect(const RankEnvironment& env) {
   auto store = c10::make_intrusive<c10d::FileStore>(env.folder + "/store", env.world);
   auto backend = [&](const std::string& prefix) {
-    auto options = c10d::ProcessGroupGloo::Options::create();
-    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-    options->timeout = std::chrono::seconds(60);
-    return c10::make_intrusive<c10d::ProcessGroupGloo>(
-        c10::make_intrusive<c10d::PrefixStore>(prefix, store), env.rank, env.world, options);
+    return gloo_backend(c10::make_intrusive<c10d::PrefixStore>(prefix, store), env.rank, env.world);
   };
   // The wrapper checks each collective's kind and shapes across ranks first.
   auto checked = c10::make_intrusive<c10d::ProcessGroupWrapper>(backend("main"), backend("check"));
@@ -1143,9 +1148,7 @@ TEST(DataParallel, AGroupWithoutACpuBackendIsRefusedWhereCudaIsNotUsable) {
   ChunkSizedParams model;
   spillway::manage(model);
   auto store = c10::make_intrusive<c10d::FileStore>(folder.path + "/store", 1);
-  auto options = c10d::ProcessGroupGloo::Options::create();
-  options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, 0, 1, options);
+  auto gloo = gloo_backend(store, 0, 1);
   using Backend = c10d::ProcessGroup::BackendType;
 
   // CUDA's alone, labelled as NCCL would be.
