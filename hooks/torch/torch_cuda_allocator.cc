@@ -25,6 +25,8 @@
 #ifdef SPILLWAY_HAVE_TORCH_CUDA
 #include <memory>
 
+#include <c10/core/Allocator.h>
+
 #include "allocator/runtime.h"
 #include "hooks/torch/torch_cuda_allocator.h"
 #include "hooks/torch/torch_device_stats.h"
@@ -106,6 +108,17 @@ void use_as_torch_cuda_allocator() {
   allocator->init(0);
   // Throws, naming the cause, once torch's CUDA allocator has handed out memory.
   torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(allocator);
+  // Note [torch's two CUDA allocator slots]
+  // changeCurrentAllocator sets the slot c10::cuda::CUDACachingAllocator::get()
+  // reads (empty_cuda, torch.cuda's memory functions), not c10's per-device-type
+  // registry (c10::GetAllocator(kCUDA), c10::getDeviceAllocator), where torch's
+  // own caching allocator stays registered. Code that allocates through the
+  // registry then reaches torch's allocator, never initialized because torch
+  // initialized spillway's instead: on the H200, a data parallel step over an
+  // NCCL group failed its INTERNAL ASSERT "Allocator not initialized for
+  // device". Both slots name spillway's; torch holds the shared_ptr for good
+  // (the swap above is refused from now on), so the raw pointer stays valid.
+  c10::SetAllocator(c10::DeviceType::CUDA, allocator.get(), /*priority=*/255);
 }
 
 #else

@@ -3,9 +3,9 @@
 // torch.cuda.memory_stats, reset_peak_memory_stats, empty_cache and
 // Tensor.record_stream) answer from spillway, a 0-element tensor allocates,
 // and a tensor over the budget throws c10::OutOfMemoryError, after which
-// allocation goes on. Label gpu: skips where no GPU is usable. Its own
-// program: torch's allocator is swapped once, before its first allocation.
-// The same logic over a simulated device: torch_cuda_allocator_test.cc.
+// allocation goes on; c10's allocator registry names spillway's allocator. Label gpu: skips where
+// no GPU is usable. Its own program: torch's allocator is swapped once, before its first
+// allocation. The same logic over a simulated device: torch_cuda_allocator_test.cc.
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
 #include <gtest/gtest.h>
@@ -51,6 +51,19 @@ TEST_F(TorchCudaAllocatorOnGpu, MemoryStatsAreSpillways) {
   EXPECT_GE(stats.allocated_bytes[kAll].current, 4 * kMiB);
   EXPECT_EQ(stats.allocated_bytes[kAll].current, spillway_figure("allocated_bytes.all.current"));
   EXPECT_EQ(stats.reserved_bytes[kAll].current, spillway_figure("reserved_bytes.all.current"));
+}
+
+// Note [torch's two CUDA allocator slots] (torch_cuda_allocator.cc): code
+// that allocates through c10's registry gets spillway's memory too.
+TEST_F(TorchCudaAllocatorOnGpu, C10RegistrySlotIsSpillways) {
+  ASSERT_EQ(c10::GetAllocator(c10::DeviceType::CUDA), allocator::get());
+  const std::int64_t before = spillway_figure("allocated_bytes.all.current");
+  {
+    const c10::DataPtr held = c10::GetAllocator(c10::DeviceType::CUDA)->allocate(2 * kMiB);
+    ASSERT_NE(held.get(), nullptr);
+    EXPECT_EQ(spillway_figure("allocated_bytes.all.current"), before + 2 * kMiB);
+  }
+  EXPECT_EQ(spillway_figure("allocated_bytes.all.current"), before);
 }
 
 TEST_F(TorchCudaAllocatorOnGpu, ResetPeakAndEmptyCache) {

@@ -34,6 +34,7 @@ ran.
 import argparse
 import os
 import sys
+import traceback
 
 from installed_spillway import installed_spillway
 from torch_gpu import missing_torch_gpu
@@ -229,9 +230,10 @@ def report(checks, prefix=""):
             else:
                 failures += 1
                 print(f"FAIL {prefix}{name}: {why}")
-    except Exception as error:  # the rest cannot run; say where it stopped
+    except Exception as error:  # the rest cannot run; say where it stopped, and from where
         failures += 1
         print(f"FAIL after {last}: {type(error).__name__}: {error}")
+        print("".join("  | " + line for line in traceback.format_exc().splitlines(True)), end="")
     return failures
 
 
