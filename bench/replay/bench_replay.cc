@@ -1,5 +1,6 @@
 // bench_replay: replays each shipped GPT-2 allocation trace (tests/data/
-// gpt2_*.csv, see docs/traces.md) and the PyTorch memory snapshots that
+// gpt2_*.csv, see docs/traces.md), the PyTorch memory snapshots recorded on
+// an H200 (tests/data/h200_*.pickle), and the PyTorch memory snapshots that
 // tools/tracegen/make_snapshots.py wrote into the build folder through the
 // caching allocator on the simulated device, with the default chunk size and
 // no budget, and prints
@@ -36,7 +37,10 @@ std::vector<std::filesystem::path> shipped_traces() {
   std::vector<std::filesystem::path> traces;
   for (const auto& entry : std::filesystem::directory_iterator(SPILLWAY_TRACE_DIR)) {
     const std::string name = entry.path().filename().string();
-    if (name.starts_with("gpt2_") && name.ends_with(".csv")) traces.push_back(entry.path());
+    // gpt2_*.csv: synthetic; h200_*.pickle: snapshots recorded on an H200.
+    if ((name.starts_with("gpt2_") && name.ends_with(".csv")) ||
+        (name.starts_with("h200_") && name.ends_with(".pickle")))
+      traces.push_back(entry.path());
   }
   std::sort(traces.begin(), traces.end());
 #ifdef SPILLWAY_SNAPSHOT_DIR
