@@ -109,6 +109,20 @@ def test_rehearsal_torch_cuda_api_check_passes():
     assert "not checked (needs a GPU): out of memory" in output
 
 
+def test_record_snapshots_dry_run_trains_every_workload(tmp_path):
+    """tools/gpu/record_snapshots.py's workloads run (on the CPU, tiny); without
+    a GPU a real recording says so and exits 2, writing nothing."""
+    script = os.path.join(TOOLS_GPU, "record_snapshots.py")
+    status, output = run([sys.executable, script, "--dry-run"])
+    assert status == 0
+    for name in ("gpt2_small_sdpa", "long_context_eager"):
+        assert f"record_snapshots: dry run: {name} trained on the CPU" in output
+    status, output = run([sys.executable, script, "--out", str(tmp_path / "out")])
+    assert status == 2, output
+    assert "no usable CUDA device" in output
+    assert not (tmp_path / "out").exists()
+
+
 def test_rehearsal_python_train_check_passes(tmp_path):
     status, output = python_train(pathlib.Path(TOOLS_GPU), tmp_path)
     assert status == 0

@@ -122,13 +122,13 @@ def record(name, spec, out_dir):
         torch.cuda.synchronize()
         path = os.path.join(out_dir, f"{name}.pickle")
         torch.cuda.memory._dump_snapshot(path)
+        entries = sum(len(trace) for trace in torch.cuda.memory._snapshot()["device_traces"])
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
-    entries = sum(len(trace) for trace in torch.cuda.memory._snapshot()["device_traces"])
     stats = torch.cuda.memory_stats()
     del model, optimizer
     print(f"record_snapshots: {name}: {path}, {os.path.getsize(path)} bytes, "
-          f"{entries} entries after recording stopped, torch peak allocated "
+          f"{entries} history entries, torch peak allocated "
           f"{stats['allocated_bytes.all.peak'] / GIB:.3f} GiB, peak reserved "
           f"{stats['reserved_bytes.all.peak'] / GIB:.3f} GiB, "
           f"{time.monotonic() - started:.1f} s")
