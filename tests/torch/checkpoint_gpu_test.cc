@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include <torch/torch.h>
@@ -22,6 +23,8 @@ namespace {
 constexpr std::int64_t kWidth = 1024;  // 4 MiB of fp32 weights a layer
 constexpr int kLayers = 12;
 constexpr std::int64_t kBatch = 16;
+// The budget the test starts with and ends with: the whole model fits.
+constexpr std::size_t kRoomyBudgetMiB = 256;
 
 std::int64_t spillway_figure(const char* key) {
   return nlohmann::json::parse(spillway::memory_stats_json()).at(key).get<std::int64_t>();
@@ -38,7 +41,8 @@ torch::nn::Sequential make_mlp() {
 
 TEST(TorchCheckpointOnGpu, SavedMidRunWithChunksEvictedHoldsTheTrueValues) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no usable GPU (torch::cuda::is_available)";
-  spillway::configure("device:cuda,strict_residency:true,chunk_size:8MiB,device_budget:256MiB");
+  spillway::configure("device:cuda,strict_residency:true,chunk_size:8MiB,device_budget:" +
+                      std::to_string(kRoomyBudgetMiB) + "MiB");
   spillway::use_as_torch_cuda_allocator();
   torch::manual_seed(0);
   torch::nn::Sequential mlp = make_mlp();
@@ -55,9 +59,9 @@ TEST(TorchCheckpointOnGpu, SavedMidRunWithChunksEvictedHoldsTheTrueValues) {
   // the chunks: activations, and on a GPU cuBLAS's workspace, which the sim
   // device never asks for (the fixed 40 MiB budget this test first had threw
   // from the first step's matmul on the H200). The budget is that, the chunks
-  // the largest op needs at
-  // once, the reserve beyond the allocated bytes and one chunk: of about
-  // 96 MiB of parameters and gradients in 8 MiB chunks, most are evicted.
+  // the largest op needs at once, the reserve beyond the allocated bytes and
+  // one chunk: of about 96 MiB of parameters and gradients in 8 MiB chunks,
+  // most are evicted.
   step();
   const std::int64_t budget =
       spillway_figure("allocated_bytes.non_model.peak") + spillway_figure("min_budget_bytes") +
@@ -88,7 +92,7 @@ TEST(TorchCheckpointOnGpu, SavedMidRunWithChunksEvictedHoldsTheTrueValues) {
   // unmanage puts every parameter and gradient back on the device as plain
   // tensors, so the whole model must fit again (on the H200, unmanage under
   // the spilling budget refused, naming the chunk it had no room for).
-  spillway::Runtime::process().active_allocator()->set_budget_bytes(std::size_t{256} << 20);
+  spillway::Runtime::process().active_allocator()->set_budget_bytes(kRoomyBudgetMiB << 20);
   spillway::unmanage(*mlp);
 }
 

@@ -3,9 +3,10 @@
 // torch.cuda.memory_stats, reset_peak_memory_stats, empty_cache and
 // Tensor.record_stream) answer from spillway, a 0-element tensor allocates,
 // and a tensor over the budget throws c10::OutOfMemoryError, after which
-// allocation goes on; c10's allocator registry names spillway's allocator. Label gpu: skips where
-// no GPU is usable. Its own program: torch's allocator is swapped once, before its first
-// allocation. The same logic over a simulated device: torch_cuda_allocator_test.cc.
+// allocation goes on; c10's allocator registry names spillway's allocator.
+// Label gpu: skips where no GPU is usable. Its own program: torch's allocator
+// is swapped once, before its first allocation. The same logic over a
+// simulated device: torch_cuda_allocator_test.cc.
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
 #include <gtest/gtest.h>

@@ -98,10 +98,9 @@ def train(spec, device):
     model = GPT(spec["layers"], spec["d_model"], spec["heads"], spec["vocab"],
                 max(spec["seqs"]), spec["fused"]).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    autocast_dtype = torch.bfloat16
     for seq in spec["seqs"]:
         tokens = torch.randint(spec["vocab"], (spec["batch"], seq + 1), device=device)
-        with torch.autocast(device.type, dtype=autocast_dtype):
+        with torch.autocast(device.type, dtype=torch.bfloat16):
             logits = model(tokens[:, :-1])
         loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
         loss.backward()
