@@ -40,6 +40,8 @@
 #
 # Environment:
 #   OUT                         where the summary, log and report go
+#   SPILLWAY_GPU_BUILD_TYPE     CMAKE_BUILD_TYPE of every build (default
+#                               Release; RelWithDebInfo for a debugger)
 #   SPILLWAY_GPU_BUILD_DIR      build folder (default build-gpu/, with
 #                               --rehearse build-gpu-rehearse/, at the repo root)
 #   SPILLWAY_GPU_DEPS           folder of fetched .deb files (default .gpu-deps/)
@@ -129,6 +131,8 @@ python="${SPILLWAY_PYTHON:-}"
 torch_prefix=""
 torch_problem=""           # why the torch stages cannot build, when they cannot
 python_package_problem=""  # why the Python package is not configured
+compiler_note=""           # the compiler used, where it is not $CXX (choose_compilers)
+compiler_problem=""        # why no compiler can build spillway
 run_start_s=0
 step_deadline_s=0
 step_status=""
@@ -225,7 +229,7 @@ step_versions() {
   local versions="$work/versions.txt"
   : >"$versions"
   local tool
-  for tool in "uname -srm" "g++ --version" "cmake --version" "ninja --version" "nvcc --version"; do
+  for tool in "uname -srm" "${CXX:-g++} --version" "cmake --version" "ninja --version" "nvcc --version"; do
     local argv
     read -r -a argv <<<"$tool"
     if command -v "${argv[0]}" >/dev/null 2>&1; then
@@ -310,7 +314,7 @@ step_deps() {
 configure_with() {  # configure_with PREFIX_PATH EXTRA_ARGS...
   local prefix_path="$1"
   shift
-  local args=(-S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release -DSPILLWAY_BUILD_TESTS=ON
+  local args=(-S "$repo" -B "$build" -DCMAKE_BUILD_TYPE="$build_type" -DSPILLWAY_BUILD_TESTS=ON
     -DSPILLWAY_BUILD_BENCHMARKS=ON -DCMAKE_PREFIX_PATH="$prefix_path" -DSPILLWAY_PYTHON="$python")
   [[ -n "$cuda_arch" ]] && args+=(-DCMAKE_CUDA_ARCHITECTURES="$cuda_arch")
   [[ ! -f "$build/CMakeCache.txt" ]] && command -v ninja >/dev/null 2>&1 && args+=(-G Ninja)
@@ -339,11 +343,38 @@ check_dependency_origins() {
   return "$bad"
 }
 
+# Whether g++ $1 finds a shared libstdc++ to link against.
+finds_shared_libstdcxx() {
+  local found
+  found="$("$1" -print-file-name=libstdc++.so 2>/dev/null)" && [[ "$found" == /* && -e "$found" ]]
+}
+
+# Note [A compiler without a shared libstdc++] (cmake/SharedLibstdcxx.cmake):
+# the H200 image sets CXX=/opt/gcc/bin/g++, which finds only libstdc++.a, and
+# CMake then refuses it. The g++ on PATH (the image's Ubuntu g++ of the same
+# version) links libstdc++.so: it builds everything, CUDA's host code too.
+choose_compilers() {
+  [[ -z "${CXX:-}" ]] || ! command -v "$CXX" >/dev/null 2>&1 || finds_shared_libstdcxx "$CXX" && return 0
+  local gxx
+  gxx="$(command -v g++)"
+  if [[ -z "$gxx" ]] || ! finds_shared_libstdcxx "$gxx"; then
+    compiler_problem="CXX=$CXX finds no libstdc++.so, and no g++ on PATH does"
+    return 0
+  fi
+  compiler_note="CXX=$CXX has no libstdc++.so: built with $gxx"
+  export CXX="$gxx" CUDAHOSTCXX="$gxx"
+  local gcc
+  gcc="$(command -v gcc)"
+  [[ -n "${CC:-}" && -n "$gcc" ]] && export CC="$gcc"
+  return 0
+}
+
 step_configure() {
   # The CUDA toolkit's usual home, for find_package(CUDAToolkit).
   if ! command -v nvcc >/dev/null 2>&1 && [[ -x /usr/local/cuda/bin/nvcc ]]; then
     export PATH="/usr/local/cuda/bin:$PATH"
   fi
+  [[ -n "$compiler_problem" ]] && { step_note="$compiler_problem"; echo "gpu_check: $step_note"; return 1; }
   # The unpacked dependencies, also those of an earlier run when --steps
   # leaves out the deps step.
   local base_path="" log="$work/configure.txt"
@@ -376,7 +407,7 @@ step_configure() {
     step_note="${torch_problem:-$python_package_problem}"
     return 0
   fi
-  step_note="$(grep -m 1 'spillway: CUDA backend' "$log" | sed 's/^-- //')"
+  step_note="$(grep -m 1 'spillway: CUDA backend' "$log" | sed 's/^-- //')${compiler_note:+; $compiler_note}"
 }
 
 step_build_core() {
@@ -475,7 +506,7 @@ step_python_install() {
   # install-python.sh then imports the package from a fresh interpreter
   # outside the repository (tools/gpu/installed_spillway.py) and says where.
   PYTHON="$python" timed bash "$repo/tools/install-python.sh" --disable-pip-version-check \
-    --config-settings=build-dir="$build" --config-settings=cmake.build-type=Release \
+    --config-settings=build-dir="$build" --config-settings=cmake.build-type="$build_type" \
     2>&1 | tee "$work/python_install.out" || return 1
   step_note="$(grep -m 1 '^installed_spillway: ' "$work/python_install.out" | sed 's/^installed_spillway: //')"
 }
@@ -707,6 +738,7 @@ main() {
     printf '%s\n' "${STEPS[@]}" | grep -c "^$name " >/dev/null ||
       { echo "gpu_check: --steps: no step '$name'" >&2; exit 1; }
   done
+  build_type="${SPILLWAY_GPU_BUILD_TYPE:-Release}"
   build="${SPILLWAY_GPU_BUILD_DIR:-$repo/build-gpu$( ((rehearse)) && echo -rehearse)}"
   budget_s="${SPILLWAY_GPU_CHECK_BUDGET_S:-580}"
   ((rehearse)) && budget_s=$((budget_s * REHEARSAL_LIMIT_FACTOR))
@@ -722,6 +754,7 @@ main() {
       python="$(command -v python3)"
     fi
   fi
+  choose_compilers
   work="$(mktemp -d)"
   trap 'rm -rf "$work"' EXIT
   : >"$full_log"

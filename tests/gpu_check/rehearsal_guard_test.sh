@@ -14,6 +14,10 @@
 #                       image lacks
 #   torch_in_core       the torch bridge in the first build stage, which
 #                       would delay every first result behind torch's TUs
+#   static_libstdcxx    CXX a g++ that finds only libstdc++.a, as the H200
+#                       image's: not a failure, the check builds with the g++
+#                       on PATH and says so (Note [A compiler without a shared
+#                       libstdc++])
 set -euo pipefail
 guard=$1 repo=$2 work=$3 fetched=$4
 rm -rf "$work"
@@ -104,6 +108,20 @@ case $guard in
     # compiling the whole stage.
     gpu_check bug SPILLWAY_GPU_CHECK_BUDGET_S=12 -- --steps deps,configure,build_core || rc=$?
     expect_failure bug "$rc" "gpu_check_core compiles against torch's headers" 'build_core: failed'
+    ;;
+  static_libstdcxx)
+    # A g++ that answers as /opt/gcc/bin/g++ does, else this machine's.
+    mkdir -p "$work/opt-gcc"
+    printf '#!/usr/bin/env bash\n[[ "$*" == -print-file-name=libstdc++.so ]] && { echo libstdc++.so; exit 0; }\nexec g++ "$@"\n' \
+      >"$work/opt-gcc/g++"
+    chmod +x "$work/opt-gcc/g++"
+    gpu_check image CXX="$work/opt-gcc/g++" -- --steps deps,configure ||
+      { echo "FAIL $guard: the rehearsal failed"; cat "$work/image.log"; exit 1; }
+    grep -q -F "CXX=$work/opt-gcc/g++ has no libstdc++.so: built with $(command -v g++)" "$work/image/out/gpu_check_summary.md" ||
+      { echo "FAIL $guard: the summary does not say which g++ built"; cat "$work/image.log"; exit 1; }
+    grep -q "^CMAKE_CXX_COMPILER:[A-Z]*=$(command -v g++)$" "$work/image/build/CMakeCache.txt" ||
+      { echo "FAIL $guard: CMake did not configure with $(command -v g++)"; exit 1; }
+    echo "ok $guard: configured with $(command -v g++) in place of the g++ without libstdc++.so"
     ;;
   *)
     echo "rehearsal_guard_test.sh: unknown guard '$guard'" >&2

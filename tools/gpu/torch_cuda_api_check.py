@@ -242,6 +242,8 @@ def main():
     parser.add_argument("--build", help="the build folder (unused: the package checked is the "
                                         "one installed in this interpreter's environment)")
     parser.add_argument("--budget-mib", type=int, default=512)
+    parser.add_argument("--nccl-only", action="store_true",
+                        help="run only the 1-rank NCCL check (to debug it under a debugger)")
     parser.add_argument("--rehearse", action="store_true",
                         help="no GPU: check only what needs no CUDA, say what was not checked")
     args = parser.parse_args()
@@ -277,7 +279,8 @@ def main():
     budget = args.budget_mib * MiB
     spillway.enable(gpu_conf(args.budget_mib))
     spillway.use_as_torch_cuda_allocator()
-    failures = report(check_all(torch, spillway, budget))
+    failures = report(check_all(torch, spillway, budget) if not args.nccl_only else
+                      ((name, nccl_one_rank(torch, spillway)) for name in CHECK_NAMES[-1:]))
     print(f"torch_cuda_api_check: {failures} of the checks failed" if failures else
           "torch_cuda_api_check: all checks passed")
     return 1 if failures else 0
