@@ -21,6 +21,9 @@ if(spillway_print_file_result EQUAL 0 AND NOT EXISTS "${spillway_libstdcxx_so}")
   execute_process(COMMAND "${CMAKE_CXX_COMPILER}" -print-file-name=libstdc++.a
                   OUTPUT_VARIABLE spillway_libstdcxx_a OUTPUT_STRIP_TRAILING_WHITESPACE)
   find_program(spillway_system_gxx NAMES g++ PATHS /usr/bin NO_DEFAULT_PATH)
+  if(NOT spillway_system_gxx)
+    set(spillway_system_gxx "/path/to/g++")  # the message still shows the form
+  endif()
   message(FATAL_ERROR
     "spillway: the C++ compiler ${CMAKE_CXX_COMPILER} finds no shared libstdc++ "
     "(-print-file-name=libstdc++.so answers '${spillway_libstdcxx_so}'; the static one is "

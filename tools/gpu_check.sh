@@ -354,7 +354,10 @@ finds_shared_libstdcxx() {
 # CMake then refuses it. The g++ on PATH (the image's Ubuntu g++ of the same
 # version) links libstdc++.so: it builds everything, CUDA's host code too.
 choose_compilers() {
-  [[ -z "${CXX:-}" ]] || ! command -v "$CXX" >/dev/null 2>&1 || finds_shared_libstdcxx "$CXX" && return 0
+  # No CXX, one that is not there (CMake says so), or one that works.
+  if [[ -z "${CXX:-}" ]] || ! command -v "$CXX" >/dev/null 2>&1 || finds_shared_libstdcxx "$CXX"; then
+    return 0
+  fi
   local gxx
   gxx="$(command -v g++)"
   if [[ -z "$gxx" ]] || ! finds_shared_libstdcxx "$gxx"; then

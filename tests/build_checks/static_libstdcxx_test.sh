@@ -8,15 +8,9 @@ set -euo pipefail
 cxx="$1" source_dir="$2" scratch="$3"
 rm -rf "$scratch" && mkdir -p "$scratch"
 
-# The H200 image's /opt/gcc/bin/g++ answers -print-file-name=libstdc++.so
-# with the bare name: it has libstdc++.a and a libstdc++.so link that points
-# nowhere. This g++ answers the same and otherwise is this build's.
-cat >"$scratch/g++" <<WRAPPER
-#!/usr/bin/env bash
-[[ "\$*" == "-print-file-name=libstdc++.so" ]] && { echo libstdc++.so; exit 0; }
-exec "$cxx" "\$@"
-WRAPPER
-chmod +x "$scratch/g++"
+# A g++ that finds only libstdc++.a, otherwise this build's.
+export SPILLWAY_REAL_CXX="$cxx"
+without_shared="$source_dir/tests/support/gxx_without_shared_libstdcxx"
 
 configure() {  # configure NAME CXX: cmake's output in $scratch/NAME.log, its status
   cmake -S "$source_dir/tests/build_checks/project" -B "$scratch/$1" \
@@ -24,7 +18,7 @@ configure() {  # configure NAME CXX: cmake's output in $scratch/NAME.log, its st
 }
 
 configure good "$cxx" || { cat "$scratch/good.log"; echo "FAIL: refused $cxx, which finds libstdc++.so"; exit 1; }
-if configure static "$scratch/g++"; then
+if configure static "$without_shared"; then
   cat "$scratch/static.log"
   echo "FAIL: configured with a g++ that finds only libstdc++.a"
   exit 1

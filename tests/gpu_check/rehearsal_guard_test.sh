@@ -110,14 +110,10 @@ case $guard in
     expect_failure bug "$rc" "gpu_check_core compiles against torch's headers" 'build_core: failed'
     ;;
   static_libstdcxx)
-    # A g++ that answers as /opt/gcc/bin/g++ does, else this machine's.
-    mkdir -p "$work/opt-gcc"
-    printf '#!/usr/bin/env bash\n[[ "$*" == -print-file-name=libstdc++.so ]] && { echo libstdc++.so; exit 0; }\nexec g++ "$@"\n' \
-      >"$work/opt-gcc/g++"
-    chmod +x "$work/opt-gcc/g++"
-    gpu_check image CXX="$work/opt-gcc/g++" -- --steps deps,configure ||
+    without_shared="$repo/tests/support/gxx_without_shared_libstdcxx"
+    gpu_check image CXX="$without_shared" -- --steps deps,configure ||
       { echo "FAIL $guard: the rehearsal failed"; cat "$work/image.log"; exit 1; }
-    grep -q -F "CXX=$work/opt-gcc/g++ has no libstdc++.so: built with $(command -v g++)" "$work/image/out/gpu_check_summary.md" ||
+    grep -q -F "CXX=$without_shared has no libstdc++.so: built with $(command -v g++)" "$work/image/out/gpu_check_summary.md" ||
       { echo "FAIL $guard: the summary does not say which g++ built"; cat "$work/image.log"; exit 1; }
     grep -q "^CMAKE_CXX_COMPILER:[A-Z]*=$(command -v g++)$" "$work/image/build/CMakeCache.txt" ||
       { echo "FAIL $guard: CMake did not configure with $(command -v g++)"; exit 1; }

@@ -188,10 +188,12 @@ TEST(Initialize, AccumulatedMicroBatchesMatchTheLargeBatch) {
       for (int micro = 0; micro < kMicro; ++micro)
         (torch::mse_loss(reference->forward(inputs[micro]), targets[micro]) / kMicro).backward();
       // The large batch's gradients at the same parameters.
-      for (std::size_t i = 0; i < reference->parameters().size(); ++i) {
+      const auto from = reference->parameters();
+      auto to = large_batch->parameters();
+      for (std::size_t i = 0; i < from.size(); ++i) {
         torch::NoGradGuard no_grad;
-        large_batch->parameters()[i].copy_(reference->parameters()[i]);
-        large_batch->parameters()[i].mutable_grad() = torch::Tensor();
+        to[i].copy_(from[i]);
+        to[i].mutable_grad() = torch::Tensor();
       }
       torch::mse_loss(large_batch->forward(batch.input), batch.target).backward();
       torch_adamw.step();
