@@ -367,6 +367,7 @@ void train_micro_batches(EngineType& engine, const std::vector<Batch>& batches, 
 }  // namespace
 
 TEST(Initialize, TheSchedulerSetsEachStepsLrInDeepSpeedsOrder) {
+  torch::set_num_threads(1);  // bit for bit: as in AccumulatedMicroBatchesMatchTheLargeBatch
   const auto batches = make_batches(8, 16, 11);
   auto reference = reference_work([] { return make_mlp(5); });
   torch::optim::SGD torch_sgd(reference->parameters(), torch::optim::SGDOptions(1.0));
