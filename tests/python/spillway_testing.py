@@ -8,6 +8,12 @@ import torch.nn.functional as F
 
 import spillway
 
+# The tests compare training under spillway with plain torch bit for bit. With
+# two intra-op threads torch's own CPU matmuls (MKL) differed between two
+# identical runs in a few processes of a hundred here (docs/train-demo.md), so
+# every process that imports this runs torch on one.
+torch.set_num_threads(1)
+
 INPUTS = 128
 WIDTH = 512
 OUTPUTS = 16
