@@ -9,7 +9,9 @@
 //    gradients of member j to rank j (in their own dtype: Note [Gradients
 //    travel in their own dtype]); the owner sums them in fp32 in rank
 //    order and divides by N, which is deterministic and is what the
-//    in-process oracle computes. The owner's gradient is that mean; on other
+//    in-process oracle computes (where the collectives run on a GPU, one
+//    reduce-scatter instead: Note [Reduce-scatter where the collectives run
+//    on a GPU]). The owner's gradient is that mean; on other
 //    ranks the gradient is set to none and its grad chunk discarded. Any
 //    optimizer then steps the owned parameters only, since torch's
 //    optimizers, and spillway's, skip a parameter without a gradient: the
@@ -68,6 +70,7 @@
 // which is refused rather than counted twice.
 #include "hooks/torch/data_parallel.h"
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -93,6 +96,7 @@ struct DataParallelState {
   std::mutex mutex;  // serialises the collectives: one sequence per process
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   std::uint64_t operations = 0;  // Note [A failed collective names the missing ranks]
+  GradientReduction reduction = GradientReduction::by_device;
 };
 
 DataParallelState& data_parallel() {
@@ -271,6 +275,23 @@ void pack_gradients(const SegmentLayout& layout, at::Tensor segment) {
       .zero_();
 }
 
+// The owner's gradient after a reduction: `mean` (its values, flat, in any
+// floating dtype) where some rank reached the parameter, else none.
+void set_reduced_gradient(ManagedParam& managed, bool reached, const at::Tensor& mean) {
+  std::lock_guard lock(managed.grad_mutex);
+  if (!reached) {
+    managed.param.mutable_grad().reset();  // no rank reached it
+    return;
+  }
+  at::Tensor target = managed.bound_grad.defined() ? managed.bound_grad : managed.param.grad();
+  if (!target.defined()) target = at::empty_like(managed.param);
+  target.copy_(mean.view(managed.param.sizes()));
+  managed.param.mutable_grad() = target;
+  // Note [A backward onto a reduced gradient]
+  managed.reduced_grad = c10::weak_intrusive_ptr<c10::TensorImpl>(target.getIntrusivePtr());
+  managed.reduced_grad_version = target._version();
+}
+
 // Gives the owner, for every parameter of `layout`, the mean over the ranks
 // of the segments in `received` (one per rank, in rank order), or none
 // where no rank had a gradient.
@@ -293,28 +314,121 @@ void write_means(const SegmentLayout& layout, const at::Tensor& received, int wo
     mean.div_(static_cast<double>(world));
     std::int64_t offset = 0;
     for (ManagedParam* param : run.params) {
-      ManagedParam& managed = *param;
-      const std::int64_t n = elements(managed);
-      std::lock_guard lock(managed.grad_mutex);
-      if (!reached_by[index++]) {
-        managed.param.mutable_grad().reset();  // no rank reached it
-      } else {
-        const at::Tensor values = mean.narrow(0, offset, n).view(managed.param.sizes());
-        at::Tensor target =
-            managed.bound_grad.defined() ? managed.bound_grad : managed.param.grad();
-        if (!target.defined()) target = at::empty_like(managed.param);
-        target.copy_(values);
-        managed.param.mutable_grad() = target;
-        // Note [A backward onto a reduced gradient]
-        managed.reduced_grad = c10::weak_intrusive_ptr<c10::TensorImpl>(target.getIntrusivePtr());
-        managed.reduced_grad_version = target._version();
-      }
-      offset += n;
+      set_reduced_gradient(*param, reached_by[index++], mean.narrow(0, offset, elements(*param)));
+      offset += elements(*param);
     }
   }
 }
 
-void reduce_group(ChunkManager& chunks, c10d::ProcessGroup& group, const ChunkGroup& chunk_group) {
+// After a reduction: the gradients of what other ranks own are set to none
+// and their grad chunks discarded.
+void drop_gradients_owned_elsewhere(ChunkManager& chunks,
+                                    const std::vector<std::vector<ManagedParam*>>& members,
+                                    int rank) {
+  for (std::size_t j = 0; j < members.size(); ++j) {
+    if (static_cast<int>(j) == rank) continue;
+    for (ManagedParam* managed : members[j]) {
+      std::lock_guard lock(managed->grad_mutex);
+      managed->param.mutable_grad().reset();
+      if (managed->bound_grad.defined() && chunks.discard(managed->grad_id) != Status::ok)
+        throw std::runtime_error(fmt::format(
+            "spillway data parallel: could not discard the gradient of a parameter rank {} "
+            "owns: {}",
+            j, ChunkManager::last_error()));
+    }
+  }
+}
+
+// Note [Reduce-scatter where the collectives run on a GPU]
+// NCCL sums on the wire: a reduce-scatter moves (N-1)/N of the group each
+// way and needs no staging of N received copies, where an all-to-all would
+// make the owner sum N segments itself. It takes one dtype and equal
+// segments, so every member's gradients are widened to the sum's dtype
+// (fp32; fp64 where the group holds an fp64 parameter) and padded to the
+// largest member; each parameter's flag is a 1 or 0 of that dtype after the
+// member's values, summed with them. The owner divides by N, as the
+// all-to-all path does. The order of the sum is the backend's, so the
+// result is bit for bit the oracle's at N = 2 (a + b = b + a) and within
+// rounding beyond; Gloo keeps the all-to-all, which sums in rank order.
+at::ScalarType reduce_scatter_dtype(const std::vector<std::vector<ManagedParam*>>& members) {
+  for (const auto& member : members)
+    for (const ManagedParam* managed : member)
+      if (managed->param.scalar_type() == at::kDouble) return at::kDouble;
+  return at::kFloat;
+}
+
+std::int64_t widened_segment_elements(const std::vector<ManagedParam*>& member) {
+  std::int64_t total = static_cast<std::int64_t>(member.size());  // the flags
+  for (const ManagedParam* managed : member) total += elements(*managed);
+  return total;
+}
+
+// Fills `segment` with this rank's gradients of `member`, widened, then
+// their flags, then zeros.
+void pack_widened_gradients(const std::vector<ManagedParam*>& member, at::Tensor segment) {
+  std::int64_t offset = 0;
+  std::vector<double> flags;
+  for (const ManagedParam* managed : member) {
+    const at::Tensor grad = managed->param.grad();
+    at::Tensor slot = segment.narrow(0, offset, elements(*managed));
+    if (grad.defined())
+      slot.copy_(grad.reshape({-1}));
+    else
+      slot.zero_();
+    flags.push_back(grad.defined() ? 1.0 : 0.0);
+    offset += elements(*managed);
+  }
+  const auto count = static_cast<std::int64_t>(flags.size());
+  segment.narrow(0, offset, count).copy_(at::tensor(flags, at::kDouble));
+  segment.narrow(0, offset + count, segment.numel() - offset - count).zero_();
+}
+
+void reduce_scatter_group(ChunkManager& chunks, c10d::ProcessGroup& group,
+                          const ChunkGroup& chunk_group) {
+  const int world = group.getSize();
+  const int rank = group.getRank();
+  std::vector<std::vector<ManagedParam*>> members;
+  std::int64_t segment = 0;  // elements of every member's segment
+  for (const auto& member : chunk_group.members) {
+    members.push_back(stepped(member));
+    segment = std::max(segment, widened_segment_elements(members.back()));
+  }
+  if (segment == 0) return;
+
+  at::NoGradGuard no_grad;
+  const at::ScalarType dtype = reduce_scatter_dtype(members);
+  // Note [The device collectives take]
+  const at::TensorOptions staging = at::TensorOptions(dtype).device(collective_device(group));
+  at::Tensor send = at::empty({segment * world}, staging);
+  for (int j = 0; j < world; ++j)
+    pack_widened_gradients(members[static_cast<std::size_t>(j)],
+                           send.narrow(0, segment * j, segment));
+  at::Tensor sum = at::empty({segment}, staging);
+  const std::int64_t crossing =
+      segment * (world - 1) * static_cast<std::int64_t>(c10::elementSize(dtype));
+  run_collective(group, "reducing gradients", CollectivePayload{crossing, crossing}, [&] {
+    return group._reduce_scatter_base(sum, send, c10d::ReduceScatterOptions{c10d::ReduceOp::SUM});
+  });
+  send.reset();  // room for what follows
+
+  drop_gradients_owned_elsewhere(chunks, members, rank);
+  const std::vector<ManagedParam*>& own = members[static_cast<std::size_t>(rank)];
+  std::int64_t values = 0;
+  for (const ManagedParam* managed : own) values += elements(*managed);
+  const at::Tensor mean = sum.narrow(0, 0, values).div_(static_cast<double>(world));
+  const at::Tensor reached =
+      sum.narrow(0, values, static_cast<std::int64_t>(own.size())).gt(0.5).cpu();
+  const auto reached_by = reached.accessor<bool, 1>();
+  std::int64_t offset = 0;
+  for (std::size_t i = 0; i < own.size(); ++i) {
+    set_reduced_gradient(*own[i], reached_by[static_cast<std::int64_t>(i)],
+                         mean.narrow(0, offset, elements(*own[i])));
+    offset += elements(*own[i]);
+  }
+}
+
+void all_to_all_group(ChunkManager& chunks, c10d::ProcessGroup& group,
+                      const ChunkGroup& chunk_group) {
   const int world = group.getSize();
   const int rank = group.getRank();
   std::vector<std::vector<ManagedParam*>> members;
@@ -348,19 +462,20 @@ void reduce_group(ChunkManager& chunks, c10d::ProcessGroup& group, const ChunkGr
                  [&] { return group.alltoall_base(received, send, output_splits, segment); });
   send.reset();  // room for what follows
 
-  for (int j = 0; j < world; ++j) {
-    if (j == rank) continue;
-    for (ManagedParam* managed : members[static_cast<std::size_t>(j)]) {
-      std::lock_guard lock(managed->grad_mutex);
-      managed->param.mutable_grad().reset();
-      if (managed->bound_grad.defined() && chunks.discard(managed->grad_id) != Status::ok)
-        throw std::runtime_error(fmt::format(
-            "spillway data parallel: could not discard the gradient of a parameter rank {} "
-            "owns: {}",
-            j, ChunkManager::last_error()));
-    }
-  }
+  drop_gradients_owned_elsewhere(chunks, members, rank);
   write_means(layouts[static_cast<std::size_t>(rank)], received, world);
+}
+
+// With the state's mutex held.
+void reduce_group(ChunkManager& chunks, c10d::ProcessGroup& group, const ChunkGroup& chunk_group) {
+  GradientReduction reduction = data_parallel().reduction;
+  if (reduction == GradientReduction::by_device)
+    reduction = collective_device(group).is_cuda() ? GradientReduction::reduce_scatter
+                                                   : GradientReduction::all_to_all;
+  if (reduction == GradientReduction::reduce_scatter)
+    reduce_scatter_group(chunks, group, chunk_group);
+  else
+    all_to_all_group(chunks, group, chunk_group);
 }
 
 // Calls `visit` with every parameter of the layout; stops at the first
@@ -500,6 +615,11 @@ void join_data_parallel(ChunkManager& chunks, ClientId client) {
 }
 
 void gather_owned_parameters(ChunkManager& chunks) { gather_from_owners(chunks, std::nullopt); }
+
+void set_gradient_reduction(GradientReduction reduction) {
+  std::lock_guard lock(data_parallel().mutex);
+  data_parallel().reduction = reduction;
+}
 
 }  // namespace torch_bridge
 

@@ -15,6 +15,18 @@ namespace spillway::torch_bridge {
 // (a collective). Nothing without a group.
 void join_data_parallel(ChunkManager& chunks, ClientId client);
 
+// How a chunk group's gradients reach their owner.
+enum class GradientReduction {
+  by_device,       // reduce-scatter where the collectives run on a GPU, else all-to-all
+  all_to_all,      // Note [Gradients travel in their own dtype] (data_parallel.cc)
+  reduce_scatter,  // Note [Reduce-scatter where the collectives run on a GPU]
+};
+
+// The reduction this process uses from now on: by_device unless a test
+// forces one (the reduce-scatter path over Gloo, say). Every rank must
+// choose alike.
+void set_gradient_reduction(GradientReduction reduction);
+
 // With a process group set: every rank takes the values of the parameters
 // other ranks own (after the owners' optimizer step). Nothing without one.
 void gather_owned_parameters(ChunkManager& chunks);
