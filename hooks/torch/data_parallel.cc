@@ -616,6 +616,11 @@ void join_data_parallel(ChunkManager& chunks, ClientId client) {
 
 void gather_owned_parameters(ChunkManager& chunks) { gather_from_owners(chunks, std::nullopt); }
 
+std::string data_parallel_backend_name() {
+  const c10::intrusive_ptr<c10d::ProcessGroup> group = current_group();
+  return group ? group->getBackendName() : std::string();
+}
+
 void set_gradient_reduction(GradientReduction reduction) {
   std::lock_guard lock(data_parallel().mutex);
   data_parallel().reduction = reduction;

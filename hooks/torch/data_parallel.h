@@ -3,6 +3,7 @@
 #pragma once
 
 #include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -26,6 +27,9 @@ enum class GradientReduction {
 // forces one (the reduce-scatter path over Gloo, say). Every rank must
 // choose alike.
 void set_gradient_reduction(GradientReduction reduction);
+
+// The backend of the data parallel group ("gloo", "nccl"), or "" with none.
+std::string data_parallel_backend_name();
 
 // With a process group set: every rank takes the values of the parameters
 // other ranks own (after the owners' optimizer step). Nothing without one.

@@ -139,6 +139,8 @@ void bind_runtime(py::module_& module) {
              py::arg("params"), py::call_guard<py::gil_scoped_release>());
   module.def("data_parallel_world_size", &spillway::data_parallel_world_size);
   module.def("data_parallel_rank", &spillway::data_parallel_rank);
+  // What the GPU check asks of a group dist:env made.
+  module.def("_data_parallel_backend", &spillway::torch_bridge::data_parallel_backend_name);
   module.def("data_parallel_owners", &spillway::data_parallel_owners, py::arg("tensors"),
              py::call_guard<py::gil_scoped_release>());
   module.def("barrier", &spillway::torch_bridge::barrier, py::arg("what"),

@@ -33,7 +33,10 @@ ran.
 """
 import argparse
 import os
+import socket
+import subprocess
 import sys
+import tempfile
 import traceback
 
 from installed_spillway import installed_spillway
@@ -43,7 +46,8 @@ MiB = 1 << 20
 
 CHECK_NAMES = ("empty tensor", "memory_allocated", "memory_stats", "memory_reserved",
                "max_memory_allocated", "reset_peak_memory_stats", "empty_cache", "record_stream",
-               "out of memory", "allocation after out of memory", "nccl data parallel, 1 rank")
+               "out of memory", "allocation after out of memory", "nccl data parallel, 1 rank",
+               "dist:env makes an nccl group, 1 rank")
 # spillway's figures that torch.cuda.memory_stats() must repeat.
 COMPARED_KEYS = ("allocated_bytes.all.current", "allocated_bytes.all.peak",
                  "reserved_bytes.all.current", "segment.all.current", "allocation.all.current",
@@ -120,11 +124,12 @@ def check_all(torch, spillway, budget):
     yield "allocation after out of memory", None if total == 7 * MiB else f"sum {total}"
     del held
     yield "nccl data parallel, 1 rank", nccl_one_rank(torch, spillway)
+    yield "dist:env makes an nccl group, 1 rank", dist_env_one_rank(torch, budget)
 
 
 def nccl_one_rank(torch, spillway):
     """None when three SGD steps of a managed model with every data parallel
-    collective on a 1-rank NCCL group (gathers, the all-to-all reduction,
+    collective on a 1-rank NCCL group (gathers, the reduce-scatter reduction,
     the flags' all-reduce) equal bit for bit the same steps without the
     group; else why not."""
     import torch.distributed as dist
@@ -136,21 +141,11 @@ def nccl_one_rank(torch, spillway):
     group = dist.distributed_c10d._get_default_group()
     try:
         def train(with_group):
-            torch.manual_seed(0)
-            model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
-                                        torch.nn.Linear(512, 16)).to(device)
+            model = small_model(torch, device)
             spillway.manage(model)  # a 1-rank group is one manage() skips: set it directly
             if with_group:
                 spillway._C.set_process_group(group)
-            optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-            x = torch.randn(32, 256, device=device)
-            for _ in range(3):
-                optimizer.zero_grad()
-                model(x).square().mean().backward()
-                if with_group:  # the optimizer's hook reduces only for 2 ranks or more
-                    spillway._C.reduce_gradients(list(model.parameters()))
-                optimizer.step()
-            values = [p.detach().cpu().clone() for p in model.parameters()]
+            values = train_three_sgd_steps(torch, spillway, model, reduce=with_group)
             spillway._C.set_process_group(None)
             spillway.unmanage(model)
             return values
@@ -165,6 +160,80 @@ def nccl_one_rank(torch, spillway):
         return None if not differing else f"parameters {differing} differ from the run without it"
     finally:
         dist.destroy_process_group()
+
+
+def small_model(torch, device):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
+                               torch.nn.Linear(512, 16)).to(device)
+
+
+def train_three_sgd_steps(torch, spillway, model, reduce):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(32, 256, device=next(model.parameters()).device)
+    for _ in range(3):
+        optimizer.zero_grad()
+        model(x).square().mean().backward()
+        if reduce:  # the optimizer's hook reduces only for 2 ranks or more
+            spillway._C.reduce_gradients(list(model.parameters()))
+        optimizer.step()
+    return [p.detach().cpu().clone() for p in model.parameters()]
+
+
+# A process of its own: dist:env is read when the runtime is configured.
+DIST_ENV_RANK = """
+import sys
+import torch
+import spillway
+sys.path.insert(0, sys.argv[3])
+from torch_cuda_api_check import small_model, train_three_sgd_steps
+spillway.enable(sys.argv[1])
+torch.set_num_threads(1)  # on the CPU (the rehearsal), bit for bit with the parent's run
+device = torch.device("cuda", torch.cuda.current_device()) if "device:cuda" in sys.argv[1] else \
+    torch.device("cpu")
+model = small_model(torch, device)
+spillway.manage(model)  # joins the group RANK, WORLD_SIZE and MASTER_* describe
+values = train_three_sgd_steps(torch, spillway, model, reduce=True)
+torch.save({"values": values, "backend": spillway._C._data_parallel_backend(),
+            "collectives": spillway.data_parallel_traffic()["collectives"]}, sys.argv[2])
+"""
+
+
+def dist_env_one_rank(torch, budget, device_kind="cuda"):
+    """None when a process configured with dist:env on the GPU joins an NCCL
+    group from torchrun's variables (one rank) and its three SGD steps equal
+    bit for bit the same steps here without a group; else why not. With
+    device_kind "sim" (the rehearsal): a Gloo group on the simulated device."""
+    import spillway
+    on_gpu = device_kind == "cuda"
+    torch.set_num_threads(1)
+    model = small_model(torch, torch.device("cuda", torch.cuda.current_device()) if on_gpu else
+                        torch.device("cpu"))
+    spillway.manage(model)
+    expected = train_three_sgd_steps(torch, spillway, model, reduce=False)
+    spillway.unmanage(model)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(port))
+    env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+    with tempfile.TemporaryDirectory() as folder:
+        result = os.path.join(folder, "rank0.pt")
+        conf = f"device:{device_kind},device_budget:{budget // MiB}MiB,dist:env,log:warn"
+        run = subprocess.run([sys.executable, "-c", DIST_ENV_RANK, conf, result,
+                              os.path.dirname(os.path.abspath(__file__))],
+                             env=env, capture_output=True, text=True, timeout=300)
+        if run.returncode != 0:
+            return f"the rank exited with {run.returncode}: {(run.stdout + run.stderr)[-2000:]}"
+        got = torch.load(result)
+    backend = "nccl" if on_gpu else "gloo"
+    if got["backend"] != backend:
+        return f"dist:env made a {got['backend']!r} group, not a {backend} one"
+    if got["collectives"] < 4:
+        return f"{got['collectives']} collectives ran; a join, a reduction and a gathering take more"
+    differing = [i for i, (a, b) in enumerate(zip(expected, got["values"])) if not torch.equal(a, b)]
+    return None if not differing else f"parameters {differing} differ from the run without it"
 
 
 def gpu_conf(budget_mib):
@@ -209,6 +278,8 @@ def rehearse(spillway, budget_mib):
         None if stats.get("allocated_bytes.all.current", 0) >= MiB else
         f"allocated_bytes.all.current {stats.get('allocated_bytes.all.current')} with 1 MiB held")
     del held
+    yield "dist:env's rank script joins a gloo group on the simulated device", dist_env_one_rank(
+        torch, budget_mib * MiB, device_kind="sim")
     try:
         spillway.use_as_torch_cuda_allocator()
         yield "use_as_torch_cuda_allocator refuses the simulated device", "it did not raise"
