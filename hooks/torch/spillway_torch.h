@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -149,6 +150,32 @@ struct DataParallelTraffic {
   std::int64_t collectives = 0;
 };
 DataParallelTraffic data_parallel_traffic();
+
+// Checkpoints by owner (docs/data-parallel.md; Note [Checkpoints by owner
+// from C++] in owner_checkpoint.cc): the files the Python package's
+// spillway.save_checkpoint writes, so either side loads the other's and
+// `python -m spillway.consolidate` makes one torch state_dict of them.
+// A checkpoint that cannot be written, or does not fit what loads it.
+class CheckpointError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+// Writes `module`'s parameters and buffers and `optimizer`'s state into
+// `directory`, each rank what it owns. A collective under data parallel
+// training: every rank calls it with the same module and optimizer, after the
+// step. Without a group it writes one shard. The optimizer, if any, is one of
+// torch::optim's Adam, AdamW or SGD (the state is written in torch.optim's
+// layout); another throws CheckpointError, as does a file that cannot be
+// written.
+void save_checkpoint(const std::string& directory, torch::nn::Module& module,
+                     torch::optim::Optimizer* optimizer = nullptr);
+// Reads a checkpoint saved at any world size into `module` (every tensor)
+// and `optimizer` (its param groups' options, and the state of what this rank
+// owns under the current layout). Under data parallel training, call it on
+// every rank after manage(). Throws CheckpointError naming what does not fit
+// or cannot be read.
+void load_checkpoint(const std::string& directory, torch::nn::Module& module,
+                     torch::optim::Optimizer* optimizer = nullptr);
 
 }  // namespace spillway
 

@@ -13,6 +13,7 @@
 // the world size, then the same optimizer step. Parameters and state must
 // match bit for bit; against one process on the concatenated batch, within
 // torch's default fp32 tolerances.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
@@ -26,6 +27,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -36,6 +38,7 @@
 #include <thread>
 #include <vector>
 
+#include <fmt/format.h>
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
@@ -114,6 +117,13 @@ struct Scenario {
   // within torch's fp32 tolerances beyond.
   spillway::torch_bridge::GradientReduction reduction =
       spillway::torch_bridge::GradientReduction::by_device;
+  // Above 0: after `steps` steps a checkpoint by owner is saved, and this
+  // many ranks load it and train `resumed_steps` more.
+  int resumed_world = 0;
+  int resumed_steps = 0;
+  int world_at(int step) const {
+    return resumed_world > 0 && step >= steps ? resumed_world : world;
+  }
   bool bit_for_bit() const {
     return reduction != spillway::torch_bridge::GradientReduction::reduce_scatter || world == 2;
   }
@@ -439,14 +449,17 @@ std::vector<std::string> this_test_command() {
 // Runs this test in `world` processes of this binary, one per rank, and
 // fails the test, with each failing rank's output, unless all pass within
 // the time limit. `killed_rank` is expected to die of SIGKILL instead.
-void run_ranks(int world, const std::string& folder, int killed_rank = -1) {
+void run_ranks(int world, const std::string& folder, int killed_rank = -1,
+               const std::vector<std::string>& more_environment = {}) {
   std::vector<pid_t> children;
-  for (int rank = 0; rank < world; ++rank)
-    children.push_back(spawn_logged(this_test_command(),
-                                    {"SPILLWAY_DP_TEST_RANK=" + std::to_string(rank),
-                                     "SPILLWAY_DP_TEST_WORLD=" + std::to_string(world),
-                                     "SPILLWAY_DP_TEST_FOLDER=" + folder, "OMP_NUM_THREADS=1"},
+  for (int rank = 0; rank < world; ++rank) {
+    std::vector<std::string> environment{"SPILLWAY_DP_TEST_RANK=" + std::to_string(rank),
+                                         "SPILLWAY_DP_TEST_WORLD=" + std::to_string(world),
+                                         "SPILLWAY_DP_TEST_FOLDER=" + folder, "OMP_NUM_THREADS=1"};
+    environment.insert(environment.end(), more_environment.begin(), more_environment.end());
+    children.push_back(spawn_logged(this_test_command(), environment,
                                     folder + "/rank" + std::to_string(rank) + ".log"));
+  }
   const std::vector<int> status = wait_for_children(children);
   for (int r = 0; r < world; ++r) {
     if (r == killed_rank) {
@@ -505,14 +518,15 @@ RunResult oracle(const Scenario& scenario, bool concatenated) {
     const auto params = trained.parameters();
     std::vector<torch::Tensor> sums(params.size());
     std::vector<bool> reached(params.size(), false);
-    for (int rank = 0; rank < scenario.world; ++rank) {
+    const int world = scenario.world_at(step);
+    for (int rank = 0; rank < world; ++rank) {
       trainer.zero_grad();
       for (int micro = 0; micro < scenario.micro_batches; ++micro) {
         auto [x, y] = batch(step + batch_offset, rank, micro);
         torch::Tensor loss =
             torch::mse_loss(trained.forward(x.to(scenario.dtype), uses_extra(step, rank, micro)),
                             y.to(scenario.dtype));
-        if (concatenated) loss = loss / scenario.world;
+        if (concatenated) loss = loss / world;
         loss.backward();
       }
       for (std::size_t i = 0; i < params.size(); ++i) {
@@ -537,15 +551,14 @@ RunResult oracle(const Scenario& scenario, bool concatenated) {
         param.mutable_grad().reset();
         continue;
       }
-      param.mutable_grad() =
-          (concatenated ? sums[i] : sums[i].div_(static_cast<double>(scenario.world)))
-              .to(param.scalar_type());
+      param.mutable_grad() = (concatenated ? sums[i] : sums[i].div_(static_cast<double>(world)))
+                                 .to(param.scalar_type());
     }
     if (scenario.clip_norm > 0)
       result.clip_norms.push_back(torch::nn::utils::clip_grad_norm_(params, scenario.clip_norm));
     trainer.step();
   };
-  for (int step = 0; step < scenario.steps; ++step) {
+  for (int step = 0; step < scenario.steps + scenario.resumed_steps; ++step) {
     train(model, *optimizer, step, 0);
     if (scenario.two_models) train(critic, *critic_optimizer, step, kCriticBatches);
   }
@@ -1227,4 +1240,223 @@ TEST(DataParallel, AGroupWithoutACpuBackendIsRefusedWhereCudaIsNotUsable) {
   EXPECT_GT(spillway::data_parallel_traffic().collectives, collectives);
   for (const auto& p : model.params) EXPECT_TRUE(p.grad().defined());
   spillway::set_process_group(nullptr);
+}
+
+// --- Checkpoints by owner from C++ ----------------------------------------------
+
+namespace {
+
+// A rank of a checkpoint test: with SPILLWAY_DP_TEST_LOAD_FROM unset, trains
+// `scenario.steps` steps and saves a checkpoint by owner into its folder;
+// with it set, starts from other values, loads that checkpoint and trains
+// `scenario.resumed_steps` more. A 1-rank run has no group at all.
+void checkpoint_rank(const RankEnvironment& env, const Scenario& scenario) {
+  const char* load_from = std::getenv("SPILLWAY_DP_TEST_LOAD_FROM");
+  use_conf();
+  torch::manual_seed(load_from != nullptr ? 99 : 7);  // resumed: the values come from the file
+  Mlp model;
+  if (env.world > 1) spillway::set_process_group(connect(env));
+  spillway::manage(model);
+  auto optimizer = make_optimizer(scenario.optimizer, model.parameters());
+  int first = 0;
+  int last = scenario.steps;
+  if (load_from != nullptr) {
+    spillway::load_checkpoint(load_from, model, optimizer.get());
+    first = scenario.steps;
+    last = scenario.steps + scenario.resumed_steps;
+  }
+  for (int step = first; step < last; ++step) {
+    optimizer->zero_grad();
+    auto [x, y] = batch(step, env.rank, 0);
+    torch::mse_loss(model.forward(x, uses_extra(step, env.rank, 0)), y).backward();
+    spillway::reduce_gradients();
+    optimizer->step();
+    spillway::step();
+  }
+  if (load_from == nullptr)
+    spillway::save_checkpoint(env.folder + "/checkpoint", model, optimizer.get());
+  RunResult result;
+  for (const auto& p : model.parameters()) {
+    result.params.push_back(p.detach().clone());
+    result.states.push_back(state_of(*optimizer, p));
+  }
+  save_result(result, result_path(env.folder, env.rank));
+}
+
+// Saves at `scenario.world` ranks, resumes at `scenario.resumed_world`, and
+// compares every resumed rank with the oracle that trains straight through
+// (the world size changing at the checkpoint): parameters bit for bit on
+// every rank, each parameter's state bit for bit on its owner alone.
+void expect_checkpoint_resumes_as_the_oracle(const Scenario& scenario) {
+  if (auto env = rank_environment()) {
+    checkpoint_rank(*env, scenario);
+    return;
+  }
+  at::set_num_threads(1);
+  TemporaryFolder folder;
+  const std::string saved = folder.path + "/saved";
+  const std::string resumed = folder.path + "/resumed";
+  std::filesystem::create_directories(saved);
+  std::filesystem::create_directories(resumed);
+  run_ranks(scenario.world, saved);
+  if (::testing::Test::HasFailure()) return;
+  EXPECT_TRUE(std::filesystem::exists(saved + "/checkpoint/manifest.json"));
+  for (int rank = 0; rank < scenario.world; ++rank)
+    EXPECT_TRUE(std::filesystem::exists(
+        fmt::format("{}/checkpoint/rank{:05d}-of-{:05d}.pt", saved, rank, scenario.world)));
+  run_ranks(scenario.resumed_world, resumed, -1,
+            {"SPILLWAY_DP_TEST_LOAD_FROM=" + saved + "/checkpoint"});
+  if (::testing::Test::HasFailure()) return;
+
+  const RunResult expected = oracle(scenario, /*concatenated=*/false);
+  std::vector<RunResult> ranks;
+  for (int rank = 0; rank < scenario.resumed_world; ++rank)
+    ranks.push_back(load_result(result_path(resumed, rank)));
+  for (std::size_t i = 0; i < expected.params.size(); ++i) {
+    for (int rank = 0; rank < scenario.resumed_world; ++rank)
+      EXPECT_TRUE(same_bits(ranks[rank].params[i], expected.params[i]))
+          << "rank " << rank << ", parameter #" << i;
+    int holders = 0;
+    for (int rank = 0; rank < scenario.resumed_world; ++rank) {
+      const auto& state = ranks[rank].states[i];
+      if (state.empty()) continue;
+      ++holders;
+      ASSERT_EQ(state.size(), expected.states[i].size()) << "parameter #" << i;
+      for (std::size_t s = 0; s < state.size(); ++s)
+        EXPECT_TRUE(same_bits(state[s], expected.states[i][s]))
+            << "rank " << rank << ", parameter #" << i << ", state " << s;
+    }
+    EXPECT_EQ(holders, expected.states[i].empty() ? 0 : 1) << "parameter #" << i;
+  }
+}
+
+std::vector<char> file_bytes(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};
+}
+
+}  // namespace
+
+TEST(DataParallelCheckpoint, SavedAtTwoRanksResumesAtOneBitForBit) {
+  expect_checkpoint_resumes_as_the_oracle({.world = 2,
+                                           .steps = 2,
+                                           .optimizer = Optimizer::adam,
+                                           .resumed_world = 1,
+                                           .resumed_steps = 2});
+}
+
+TEST(DataParallelCheckpoint, SavedAtTwoRanksResumesAtFourBitForBit) {
+  expect_checkpoint_resumes_as_the_oracle({.world = 2,
+                                           .steps = 2,
+                                           .optimizer = Optimizer::adam,
+                                           .resumed_world = 4,
+                                           .resumed_steps = 2});
+}
+
+TEST(DataParallelCheckpoint, SgdWithMomentumSavedAtFourResumesAtTwoBitForBit) {
+  expect_checkpoint_resumes_as_the_oracle({.world = 4,
+                                           .steps = 2,
+                                           .optimizer = Optimizer::sgd_momentum,
+                                           .resumed_world = 2,
+                                           .resumed_steps = 2});
+}
+
+// The files are the Python package's: its consolidation tool makes of a
+// checkpoint saved from C++ at two ranks the oracle's module state_dict and
+// torch.optim's Adam state_dict, bit for bit.
+TEST(DataParallelCheckpoint, PythonsToolConsolidatesACheckpointSavedFromCpp) {
+#ifndef SPILLWAY_TEST_PYTHON_PACKAGE_ROOT
+  GTEST_SKIP() << "this build has no Python package (a sanitizer build)";
+#else
+  const Scenario scenario{.world = 2, .steps = 2, .optimizer = Optimizer::adam};
+  if (auto env = rank_environment()) {
+    checkpoint_rank(*env, scenario);
+    return;
+  }
+  at::set_num_threads(1);
+  TemporaryFolder folder;
+  run_ranks(scenario.world, folder.path);
+  if (::testing::Test::HasFailure()) return;
+  const std::string log = folder.path + "/consolidate.log";
+  const pid_t tool =
+      spawn_logged({SPILLWAY_TEST_PYTHON, "-m", "spillway.consolidate", folder.path + "/checkpoint",
+                    folder.path + "/model.pt", "--optimizer", folder.path + "/optimizer.pt"},
+                   {std::string("PYTHONPATH=") + SPILLWAY_TEST_PYTHON_PACKAGE_ROOT}, log);
+  ASSERT_TRUE(exited_cleanly(wait_for_children({tool})[0])) << read_file(log);
+
+  const RunResult expected = oracle(scenario, /*concatenated=*/false);
+  const auto module = torch::pickle_load(file_bytes(folder.path + "/model.pt")).toGenericDict();
+  const auto optimizer =
+      torch::pickle_load(file_bytes(folder.path + "/optimizer.pt")).toGenericDict();
+  const auto state = optimizer.at("state").toGenericDict();
+  spillway::torch_bridge::HostWorkScope host_memory;
+  Mlp names;
+  std::size_t i = 0;
+  for (const auto& item : names.named_parameters()) {
+    EXPECT_TRUE(same_bits(module.at(item.key()).toTensor(), expected.params[i])) << item.key();
+    const auto& oracle_state = expected.states[i];
+    const auto saved = state.find(static_cast<std::int64_t>(i));
+    ASSERT_EQ(saved != state.end(), !oracle_state.empty()) << item.key();
+    if (!oracle_state.empty()) {
+      const auto adam = saved->value().toGenericDict();
+      EXPECT_TRUE(same_bits(adam.at("exp_avg").toTensor(), oracle_state[0])) << item.key();
+      EXPECT_TRUE(same_bits(adam.at("exp_avg_sq").toTensor(), oracle_state[1])) << item.key();
+      EXPECT_EQ(adam.at("step").toTensor().item<double>(), oracle_state[2].item<double>())
+          << item.key();
+    }
+    ++i;
+  }
+  EXPECT_EQ(i, expected.params.size());
+  EXPECT_EQ(module.size(), i) << "the Mlp has no buffers: its state_dict is its parameters";
+#endif
+}
+
+// What does not fit is refused by name, in one process without a group.
+TEST(DataParallelCheckpoint, WhatDoesNotFitIsRefusedByName) {
+  if (auto env = rank_environment()) {
+    use_conf();
+    torch::manual_seed(7);
+    Mlp model;
+    spillway::manage(model);
+    torch::optim::Adam adam(model.parameters(), torch::optim::AdamOptions(1e-3));
+    auto [x, y] = batch(0, 0, 0);
+    torch::mse_loss(model.forward(x, true), y).backward();
+    adam.step();
+    const std::string checkpoint = env->folder + "/checkpoint";
+    const auto refusal = [](const std::function<void()>& load) {
+      try {
+        load();
+      } catch (const spillway::CheckpointError& e) {
+        return std::string(e.what());
+      }
+      return std::string("did not throw");
+    };
+    torch::optim::RMSprop rmsprop(model.parameters());
+    EXPECT_THAT(refusal([&] { spillway::save_checkpoint(checkpoint, model, &rmsprop); }),
+                ::testing::HasSubstr("torch::optim::RMSprop) is none of them"));
+    spillway::save_checkpoint(checkpoint, model, &adam);
+
+    torch::optim::SGD sgd(model.parameters(), torch::optim::SGDOptions(0.1));
+    EXPECT_THAT(refusal([&] { spillway::load_checkpoint(checkpoint, model, &sgd); }),
+                ::testing::HasSubstr("holds the state of Adam, not of SGD"));
+    torch::nn::Linear other(kIn, 3);
+    EXPECT_THAT(refusal([&] { spillway::load_checkpoint(checkpoint, *other); }),
+                ::testing::HasSubstr("does not fit the module: missing [weight, bias], "
+                                     "unexpected [extra.bias, extra.weight,"));
+    torch::optim::Adam fewer(std::vector<torch::Tensor>{model.mix}, torch::optim::AdamOptions());
+    EXPECT_THAT(refusal([&] { spillway::load_checkpoint(checkpoint, model, &fewer); }),
+                ::testing::HasSubstr("saved 15 parameters in 1 groups, this optimizer has 1"));
+
+    const std::string shard = checkpoint + "/rank00000-of-00001.pt";
+    const std::uintmax_t size = std::filesystem::file_size(shard);
+    std::filesystem::resize_file(shard, size / 2);
+    EXPECT_THAT(refusal([&] { spillway::load_checkpoint(checkpoint, model, &adam); }),
+                ::testing::HasSubstr("shard 0 of the checkpoint, cannot be read"));
+    std::filesystem::remove(checkpoint + "/manifest.json");
+    EXPECT_THAT(refusal([&] { spillway::load_checkpoint(checkpoint, model, &adam); }),
+                ::testing::HasSubstr("is not a complete checkpoint by owner"));
+    return;
+  }
+  TemporaryFolder folder;
+  run_ranks(1, folder.path);
 }
