@@ -12,7 +12,10 @@
 // AdamW's "step" (a float32 scalar, as torch.optim keeps it), "exp_avg",
 // "exp_avg_sq" and, with amsgrad, "max_exp_avg_sq"; SGD's
 // "momentum_buffer"; each param group's options under torch.optim's keys.
-// So only torch::optim's Adam, AdamW and SGD are understood; any other
+// spillway's chunked optimizers (spillway::optim), whose state is in chunks,
+// write what the Python package's spillway.optim state_dict holds: the same
+// names, plus "master" for a bf16/fp16 parameter's fp32 copy. So Adam, AdamW
+// and SGD, torch::optim's and spillway::optim's, are understood; any other
 // optimizer is refused by name rather than saved without its state.
 #include <algorithm>
 #include <cstdio>
@@ -141,6 +144,14 @@ std::string python_loadable_pickle(const c10::IValue& value) {
   return archive;
 }
 
+void make_folder(const fs::path& folder) {
+  std::error_code error;
+  fs::create_directories(folder, error);
+  if (error)
+    throw CheckpointError(fmt::format("could not make the checkpoint folder {}: {}",
+                                      folder.string(), error.message()));
+}
+
 void write_atomically(const fs::path& path, const std::string& bytes) {
   const fs::path partial = path.string() + ".partial";
   {
@@ -156,15 +167,56 @@ void write_atomically(const fs::path& path, const std::string& bytes) {
                                       path.string(), error.message()));
 }
 
+c10::impl::GenericDict string_dict() {
+  return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
+}
+
 // --- The optimizers understood ------------------------------------------------
 
 enum class OptimizerKind { adam, adamw, sgd };
 
 std::optional<OptimizerKind> kind_of(const torch::optim::Optimizer& optimizer) {
-  if (dynamic_cast<const torch::optim::Adam*>(&optimizer)) return OptimizerKind::adam;
-  if (dynamic_cast<const torch::optim::AdamW*>(&optimizer)) return OptimizerKind::adamw;
-  if (dynamic_cast<const torch::optim::SGD*>(&optimizer)) return OptimizerKind::sgd;
+  const torch::optim::Optimizer* any = &optimizer;
+  if (dynamic_cast<const torch::optim::Adam*>(any) || dynamic_cast<const optim::Adam*>(any))
+    return OptimizerKind::adam;
+  if (dynamic_cast<const torch::optim::AdamW*>(any) || dynamic_cast<const optim::AdamW*>(any))
+    return OptimizerKind::adamw;
+  if (dynamic_cast<const torch::optim::SGD*>(any) || dynamic_cast<const optim::SGD*>(any))
+    return OptimizerKind::sgd;
   return std::nullopt;
+}
+
+// spillway's chunked optimizers keep their state in chunks, not in state()
+// (Note [Chunked optimizer state is not in state()]): param_state and
+// set_param_state carry it, in the Python package's layout.
+optim::ChunkedOptimizer* chunked(torch::optim::Optimizer& optimizer) {
+  return dynamic_cast<optim::ChunkedOptimizer*>(&optimizer);
+}
+
+// A flat state array (over the parameter's whole storage) in the parameter's
+// shape where the counts agree, as the Python package's state_dict gives it.
+torch::Tensor shaped(const torch::Tensor& values, const torch::Tensor& param) {
+  return values.numel() == param.numel() ? values.view(param.sizes()) : values;
+}
+
+std::optional<c10::impl::GenericDict> chunked_state_dict_of(optim::ChunkedOptimizer& optimizer,
+                                                            OptimizerKind kind,
+                                                            const torch::Tensor& param) {
+  const std::optional<optim::ChunkedOptimizer::ParamState> state = optimizer.param_state(param);
+  if (!state.has_value() || !state->started) return std::nullopt;  // as torch, before a step
+  c10::impl::GenericDict dict = string_dict();
+  torch_bridge::HostWorkScope host;
+  if (kind == OptimizerKind::sgd) {
+    dict.insert("momentum_buffer",
+                state->slots.empty() ? c10::IValue() : c10::IValue(shaped(state->slots[0], param)));
+    dict.insert("step", state->step);
+  } else {
+    dict.insert("step", at::scalar_tensor(static_cast<double>(state->step), at::kFloat));
+    dict.insert("exp_avg", shaped(state->slots.at(0), param));
+    dict.insert("exp_avg_sq", shaped(state->slots.at(1), param));
+  }
+  if (state->master.defined()) dict.insert("master", shaped(state->master, param));
+  return dict;
 }
 
 std::string_view class_name(OptimizerKind kind) {
@@ -182,13 +234,10 @@ std::string_view class_name(OptimizerKind kind) {
 OptimizerKind checked_kind(const torch::optim::Optimizer& optimizer) {
   if (const std::optional<OptimizerKind> kind = kind_of(optimizer)) return *kind;
   throw CheckpointError(fmt::format(
-      "a checkpoint by owner from C++ saves the state of torch::optim's Adam, AdamW and SGD "
-      "(Note [Checkpoints by owner from C++]); this optimizer ({}) is none of them",
+      "a checkpoint by owner from C++ saves the state of Adam, AdamW and SGD, torch::optim's "
+      "and spillway::optim's (Note [Checkpoints by owner from C++]); this optimizer ({}) is none "
+      "of them",
       c10::demangle(typeid(optimizer).name())));
-}
-
-c10::impl::GenericDict string_dict() {
-  return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
 }
 
 template <typename State>
@@ -204,6 +253,8 @@ std::optional<c10::impl::GenericDict> state_dict_of(torch::optim::Optimizer& opt
                                                     OptimizerKind kind,
                                                     const torch::optim::OptimizerOptions& options,
                                                     const torch::Tensor& param) {
+  if (optim::ChunkedOptimizer* held = chunked(optimizer))
+    return chunked_state_dict_of(*held, kind, param);
   const auto found = optimizer.state().find(param.unsafeGetTensorImpl());
   if (found == optimizer.state().end()) return std::nullopt;
   c10::impl::GenericDict dict = string_dict();
@@ -433,6 +484,46 @@ std::unique_ptr<State> adam_state(const c10::impl::GenericDict& saved, const tor
   return state;
 }
 
+// The Python package's load_state_dict for a chunked optimizer: the slots
+// present, "step" (a tensor, or SGD's integer), "master" where saved.
+void set_chunked_state(optim::ChunkedOptimizer& optimizer, OptimizerKind kind,
+                       const torch::optim::OptimizerOptions& options,
+                       const c10::impl::GenericDict& saved, const torch::Tensor& param,
+                       const std::string& where) {
+  const auto flat = [](const torch::Tensor& values) {
+    torch_bridge::HostWorkScope host;
+    return values.detach().to(at::kCPU, at::kFloat).reshape({-1}).contiguous();
+  };
+  optim::ChunkedOptimizer::ParamState state;
+  const std::vector<std::string> names = kind == OptimizerKind::sgd
+                                             ? std::vector<std::string>{"momentum_buffer"}
+                                             : std::vector<std::string>{"exp_avg", "exp_avg_sq"};
+  std::size_t wanted = names.size();
+  if (kind == OptimizerKind::sgd &&
+      static_cast<const torch::optim::SGDOptions&>(options).momentum() == 0)
+    wanted = 0;
+  for (std::size_t i = 0; i < wanted; ++i) {
+    const auto found = saved.find(names[i]);
+    if (found != saved.end() && found->value().isTensor())
+      state.slots.push_back(flat(found->value().toTensor()));
+  }
+  // SGD's momentum_buffer None: the next step starts the buffer afresh.
+  state.started = state.slots.size() == wanted;
+  const auto step = saved.find("step");
+  if (step != saved.end())
+    state.step = step->value().isTensor()
+                     ? static_cast<std::int64_t>(step->value().toTensor().item<double>())
+                     : step->value().toInt();
+  const auto master = saved.find("master");
+  if (master != saved.end() && master->value().isTensor())
+    state.master = flat(master->value().toTensor());
+  try {
+    optimizer.set_param_state(param, state);
+  } catch (const std::invalid_argument& error) {
+    throw CheckpointError(fmt::format("{}: {}", where, error.what()));
+  }
+}
+
 std::unique_ptr<torch::optim::OptimizerParamState> param_state(
     OptimizerKind kind, const torch::optim::OptimizerOptions& options,
     const c10::impl::GenericDict& saved, const torch::Tensor& param, const std::string& where) {
@@ -463,11 +554,15 @@ void save_checkpoint(const std::string& directory, torch::nn::Module& module,
       optimizer != nullptr ? std::optional(checked_kind(*optimizer)) : std::nullopt;
   const fs::path manifest_path = folder / kManifest;
   if (rank == 0) {
-    fs::create_directories(folder);
-    fs::remove(manifest_path);
+    make_folder(folder);
+    std::error_code error;
+    fs::remove(manifest_path, error);
+    if (error)
+      throw CheckpointError(
+          fmt::format("could not remove the old {}: {}", manifest_path.string(), error.message()));
   }
   torch_bridge::barrier("starting a checkpoint");  // no rank writes before the old manifest is gone
-  fs::create_directories(folder);
+  make_folder(folder);
 
   const Entries entries = module_entries(module);
   const std::vector<int> entry_writers = writers(tensors_of(entries));
@@ -593,7 +688,8 @@ void load_checkpoint(const std::string& directory, torch::nn::Module& module,
     for (const torch::Tensor& param : group.params()) {
       const std::string& name = names[index];
       const int owner = owners[index++];
-      optimizer->state().erase(param.unsafeGetTensorImpl());
+      optim::ChunkedOptimizer* chunked_optimizer = chunked(*optimizer);
+      if (chunked_optimizer == nullptr) optimizer->state().erase(param.unsafeGetTensorImpl());
       // This rank takes the state of what it owns now, and of what no rank owns.
       if ((owner != rank && owner != -1) || !state_shards.contains(name)) continue;
       const int shard = state_shards[name].get<int>();
@@ -606,8 +702,12 @@ void load_checkpoint(const std::string& directory, torch::nn::Module& module,
           lookup(shards[static_cast<std::size_t>(shard)], "optimizer_state", where).toGenericDict();
       const auto found = held.find(name);
       if (found == held.end()) throw CheckpointError(fmt::format("{} is missing", where));
-      optimizer->state()[param.unsafeGetTensorImpl()] =
-          param_state(kind, group.options(), found->value().toGenericDict(), param, where);
+      if (chunked_optimizer != nullptr)
+        set_chunked_state(*chunked_optimizer, kind, group.options(), found->value().toGenericDict(),
+                          param, where);
+      else
+        optimizer->state()[param.unsafeGetTensorImpl()] =
+            param_state(kind, group.options(), found->value().toGenericDict(), param, where);
     }
   }
 }

@@ -163,10 +163,10 @@ class CheckpointError : public std::runtime_error {
 // Writes `module`'s parameters and buffers and `optimizer`'s state into
 // `directory`, each rank what it owns. A collective under data parallel
 // training: every rank calls it with the same module and optimizer, after the
-// step. Without a group it writes one shard. The optimizer, if any, is one of
-// torch::optim's Adam, AdamW or SGD (the state is written in torch.optim's
-// layout); another throws CheckpointError, as does a file that cannot be
-// written.
+// step. Without a group it writes one shard. The optimizer, if any, is Adam,
+// AdamW or SGD, torch::optim's or spillway::optim's (the state is written in
+// torch.optim's layout); another throws CheckpointError, as does a file that
+// cannot be written.
 void save_checkpoint(const std::string& directory, torch::nn::Module& module,
                      torch::optim::Optimizer* optimizer = nullptr);
 // Reads a checkpoint saved at any world size into `module` (every tensor)

@@ -1433,7 +1433,9 @@ TEST(DataParallelCheckpoint, WhatDoesNotFitIsRefusedByName) {
     };
     torch::optim::RMSprop rmsprop(model.parameters());
     EXPECT_THAT(refusal([&] { spillway::save_checkpoint(checkpoint, model, &rmsprop); }),
-                ::testing::HasSubstr("torch::optim::RMSprop) is none of them"));
+                ::testing::HasSubstr("(torch::optim::RMSprop) is none of them"));
+    EXPECT_THAT(refusal([&] { spillway::save_checkpoint("/proc/spillway-checkpoint", model); }),
+                ::testing::HasSubstr("could not make the checkpoint folder /proc/"));
     spillway::save_checkpoint(checkpoint, model, &adam);
 
     torch::optim::SGD sgd(model.parameters(), torch::optim::SGDOptions(0.1));
@@ -1459,4 +1461,14 @@ TEST(DataParallelCheckpoint, WhatDoesNotFitIsRefusedByName) {
   }
   TemporaryFolder folder;
   run_ranks(1, folder.path);
+}
+
+// spillway's chunked Adam: its state is in chunks, saved and loaded through
+// param_state and set_param_state, as the Python package's state_dict does.
+TEST(DataParallelCheckpoint, ChunkedAdamSavedAtTwoRanksResumesAtFourBitForBit) {
+  expect_checkpoint_resumes_as_the_oracle({.world = 2,
+                                           .steps = 2,
+                                           .optimizer = Optimizer::chunked_adam,
+                                           .resumed_world = 4,
+                                           .resumed_steps = 2});
 }
