@@ -251,6 +251,18 @@ at::Tensor values_at(const at::Tensor& bytes, std::int64_t offset, std::int64_t 
   return bytes.narrow(0, offset, count * size).view(dtype);
 }
 
+// Copies `managed`'s gradient, flat, into `slot` (converting its dtype), or
+// zeros where it has none; whether it had one.
+bool copy_gradient(const ManagedParam& managed, at::Tensor slot) {
+  const at::Tensor grad = managed.param.grad();
+  if (!grad.defined()) {
+    slot.zero_();
+    return false;
+  }
+  slot.copy_(grad.reshape({-1}));
+  return true;
+}
+
 // Fills `segment` (a byte tensor) with this rank's gradients of `layout`'s
 // parameters and their flags.
 void pack_gradients(const SegmentLayout& layout, at::Tensor segment) {
@@ -259,13 +271,8 @@ void pack_gradients(const SegmentLayout& layout, at::Tensor segment) {
     std::int64_t offset = 0;
     const at::Tensor values = values_at(segment, run.offset, run.elements, run.dtype);
     for (const ManagedParam* managed : run.params) {
-      const at::Tensor grad = managed->param.grad();
-      at::Tensor slot = values.narrow(0, offset, elements(*managed));
-      if (grad.defined())
-        slot.copy_(grad.reshape({-1}));
-      else
-        slot.zero_();
-      flags.push_back(grad.defined() ? 1 : 0);
+      flags.push_back(copy_gradient(*managed, values.narrow(0, offset, elements(*managed))) ? 1
+                                                                                            : 0);
       offset += elements(*managed);
     }
   }
@@ -369,13 +376,8 @@ void pack_widened_gradients(const std::vector<ManagedParam*>& member, at::Tensor
   std::int64_t offset = 0;
   std::vector<double> flags;
   for (const ManagedParam* managed : member) {
-    const at::Tensor grad = managed->param.grad();
-    at::Tensor slot = segment.narrow(0, offset, elements(*managed));
-    if (grad.defined())
-      slot.copy_(grad.reshape({-1}));
-    else
-      slot.zero_();
-    flags.push_back(grad.defined() ? 1.0 : 0.0);
+    flags.push_back(copy_gradient(*managed, segment.narrow(0, offset, elements(*managed))) ? 1.0
+                                                                                           : 0.0);
     offset += elements(*managed);
   }
   const auto count = static_cast<std::int64_t>(flags.size());

@@ -631,8 +631,10 @@ void save_checkpoint(const std::string& directory, torch::nn::Module& module,
   write_atomically(manifest_path, manifest.dump(1));
 }
 
-void load_checkpoint(const std::string& directory, torch::nn::Module& module,
-                     torch::optim::Optimizer* optimizer) {
+namespace {
+
+void load_into(const std::string& directory, torch::nn::Module& module,
+               torch::optim::Optimizer* optimizer) {
   const fs::path folder(directory);
   const nlohmann::json manifest = read_manifest(folder);
   const Entries entries = module_entries(module);
@@ -709,6 +711,26 @@ void load_checkpoint(const std::string& directory, torch::nn::Module& module,
         optimizer->state()[param.unsafeGetTensorImpl()] =
             param_state(kind, group.options(), found->value().toGenericDict(), param, where);
     }
+  }
+}
+
+}  // namespace
+
+void load_checkpoint(const std::string& directory, torch::nn::Module& module,
+                     torch::optim::Optimizer* optimizer) {
+  // A value of another type than the format's (a manifest entry, an option,
+  // a state tensor that is None) throws from nlohmann or from IValue's
+  // accessors: each is a checkpoint that does not fit, said as one.
+  try {
+    load_into(directory, module, optimizer);
+  } catch (const nlohmann::json::exception& error) {
+    throw CheckpointError(
+        fmt::format("the manifest of the checkpoint in {} is not as a "
+                    "checkpoint by owner writes it: {}",
+                    directory, error.what()));
+  } catch (const c10::Error& error) {
+    throw CheckpointError(fmt::format("the checkpoint in {} does not fit: {}", directory,
+                                      error.what_without_backtrace()));
   }
 }
 

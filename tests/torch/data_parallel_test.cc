@@ -1449,6 +1449,15 @@ TEST(DataParallelCheckpoint, WhatDoesNotFitIsRefusedByName) {
     EXPECT_THAT(refusal([&] { spillway::load_checkpoint(checkpoint, model, &fewer); }),
                 ::testing::HasSubstr("saved 15 parameters in 1 groups, this optimizer has 1"));
 
+    const std::string manifest_path = checkpoint + "/manifest.json";
+    const std::string manifest = read_file(manifest_path);
+    nlohmann::json mistyped = nlohmann::json::parse(manifest);
+    mistyped["module"]["mix"]["shard"] = "zero";
+    std::ofstream(manifest_path) << mistyped.dump();
+    EXPECT_THAT(refusal([&] { spillway::load_checkpoint(checkpoint, model, &adam); }),
+                ::testing::HasSubstr("is not as a checkpoint by owner writes it"));
+    std::ofstream(manifest_path) << manifest;
+
     const std::string shard = checkpoint + "/rank00000-of-00001.pt";
     const std::uintmax_t size = std::filesystem::file_size(shard);
     std::filesystem::resize_file(shard, size / 2);
