@@ -12,6 +12,10 @@
 //   dp_step_scaling_2               median step time at N = 2 with half the
 //                                   batch per rank, over N = 1 (one intra-op
 //                                   thread per rank: 0.5 is perfect scaling)
+//   dp_backward_overlap_2           median step time at N = 2 reducing each
+//                                   chunk group during backward, over the
+//                                   same reducing after backward
+//                                   (--reduce-after-backward)
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -60,13 +64,16 @@ struct Folder {
 };
 
 // The demo's figures for `ranks` ranks; throws with the run's output when it fails.
-nlohmann::json run_demo(const Options& options, int ranks, const Folder& folder) {
-  const std::string figures = fmt::format("{}/n{}.json", folder.path, ranks);
-  const std::string log = fmt::format("{}/n{}.log", folder.path, ranks);
+// `extra`: more of the demo's options.
+nlohmann::json run_demo(const Options& options, int ranks, const Folder& folder,
+                        const std::string& extra = "") {
+  const std::string name = fmt::format("n{}{}", ranks, extra.empty() ? "" : "-extra");
+  const std::string figures = fmt::format("{}/{}.json", folder.path, name);
+  const std::string log = fmt::format("{}/{}.log", folder.path, name);
   const std::string command = fmt::format(
       "OMP_NUM_THREADS=1 SPILLWAY_CONF='{}' '{}' {} --nproc {} --batch {} --steps {} "
-      "--optimizer spillway-adam --figures '{}' > '{}' 2>&1",
-      kConf, SPILLWAY_TRAIN_DEMO, options.model, ranks, options.batch / ranks, options.steps,
+      "--optimizer spillway-adam {} --figures '{}' > '{}' 2>&1",
+      kConf, SPILLWAY_TRAIN_DEMO, options.model, ranks, options.batch / ranks, options.steps, extra,
       figures, log);
   if (std::system(command.c_str()) != 0)
     throw std::runtime_error(fmt::format("spillway-train-demo --nproc {} failed; its output:\n{}",
@@ -83,7 +90,7 @@ double worst(const nlohmann::json& figures, const auto& figure) {
 
 Options g_options;
 
-// One iteration: the three runs; their figures become metric lines.
+// One iteration: the four runs; their figures become metric lines.
 void BM_DataParallel(benchmark::State& state) {
   const Options& options = g_options;
   for (auto _ : state) {
@@ -112,6 +119,12 @@ void BM_DataParallel(benchmark::State& state) {
           report_note(
               fmt::format("median step: {:.0f} ms at N = 1, {:.0f} ms at N = 2", one_ms, ms));
           report_metric("dp_step_scaling_2", ms / one_ms, "ratio");
+          const double after_ms =
+              worst(run_demo(options, ranks, folder, "--reduce-after-backward"), step_ms);
+          report_note(fmt::format(
+              "median step at N = 2: {:.0f} ms reducing during backward, {:.0f} ms after it", ms,
+              after_ms));
+          report_metric("dp_backward_overlap_2", ms / after_ms, "ratio");
         }
       }
     } catch (const std::exception& e) {

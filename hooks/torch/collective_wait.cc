@@ -29,6 +29,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -132,23 +133,52 @@ c10::Device collective_device(c10d::ProcessGroup& group) {
       has(c10::DeviceType::CUDA) ? "CUDA is not" : "none of them is"));
 }
 
-void run_collective(c10d::ProcessGroup& group, std::string_view what, CollectivePayload payload,
-                    const std::function<c10::intrusive_ptr<c10d::Work>()>& issue) {
+namespace {
+
+// The error of a collective that failed, with the ranks behind this one.
+std::runtime_error collective_failed(c10d::ProcessGroup& group, std::string_view what,
+                                     const std::exception& cause) {
+  const std::vector<int> behind = ranks_behind(group);
+  const std::string who = behind.empty()
+                              ? std::string("no rank is known to have stopped before it")
+                              : fmt::format("rank{} {} never reached it (died or hung before)",
+                                            behind.size() > 1 ? "s" : "", fmt::join(behind, ", "));
+  return std::runtime_error(
+      fmt::format("spillway data parallel: {} failed on rank {} of {}: {}. The backend said: {}",
+                  what, group.getRank(), group.getSize(), who, cause.what()));
+}
+
+}  // namespace
+
+PendingCollective::PendingCollective(c10::intrusive_ptr<c10d::ProcessGroup> group, std::string what,
+                                     c10::intrusive_ptr<c10d::Work> work)
+    : group_(std::move(group)), what_(std::move(what)), work_(std::move(work)) {}
+
+void PendingCollective::wait() {
+  try {
+    work_->wait();
+  } catch (const std::exception& e) {
+    throw collective_failed(*group_, what_, e);
+  }
+}
+
+PendingCollective start_collective(c10d::ProcessGroup& group, std::string_view what,
+                                   CollectivePayload payload,
+                                   const std::function<c10::intrusive_ptr<c10d::Work>()>& issue) {
   bytes_sent.fetch_add(payload.sent, std::memory_order_relaxed);
   bytes_received.fetch_add(payload.received, std::memory_order_relaxed);
   collectives.fetch_add(1, std::memory_order_relaxed);
   try {
-    issue()->wait();
+    return PendingCollective(c10::intrusive_ptr<c10d::ProcessGroup>::reclaim_copy(&group),
+                             std::string(what), issue());
   } catch (const std::exception& e) {
-    const std::vector<int> behind = ranks_behind(group);
-    const std::string who =
-        behind.empty() ? std::string("no rank is known to have stopped before it")
-                       : fmt::format("rank{} {} never reached it (died or hung before)",
-                                     behind.size() > 1 ? "s" : "", fmt::join(behind, ", "));
-    throw std::runtime_error(
-        fmt::format("spillway data parallel: {} failed on rank {} of {}: {}. The backend said: {}",
-                    what, group.getRank(), group.getSize(), who, e.what()));
+    throw collective_failed(group, what, e);
   }
+}
+
+void run_collective(c10d::ProcessGroup& group, std::string_view what, CollectivePayload payload,
+                    const std::function<c10::intrusive_ptr<c10d::Work>()>& issue) {
+  start_collective(group, what, payload, issue).wait();
 }
 
 }  // namespace spillway::torch_bridge

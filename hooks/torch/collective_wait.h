@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <string_view>
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -37,10 +38,31 @@ CollectivePayload all_reduce_payload(std::int64_t bytes, int world_size);
 // naming the backend, where neither is usable.
 c10::Device collective_device(c10d::ProcessGroup& group);
 
-// Issues a collective with `issue`, waits for it and counts `payload` into
-// the process's traffic (spillway::data_parallel_traffic). When either
-// fails, throws std::runtime_error saying `what` failed, which ranks never
-// reached this operation, and the backend's own message.
+// A collective issued and not yet waited for: its Work, and what the
+// error says if it fails.
+class PendingCollective {
+ public:
+  PendingCollective(c10::intrusive_ptr<c10d::ProcessGroup> group, std::string what,
+                    c10::intrusive_ptr<c10d::Work> work);
+  // Waits for it. When it failed, throws std::runtime_error saying `what`
+  // failed, which ranks never reached this operation, and the backend's
+  // own message.
+  void wait();
+
+ private:
+  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  std::string what_;
+  c10::intrusive_ptr<c10d::Work> work_;
+};
+
+// Issues a collective with `issue` and counts `payload` into the process's
+// traffic (spillway::data_parallel_traffic); throws as
+// PendingCollective::wait does when issuing fails.
+PendingCollective start_collective(c10d::ProcessGroup& group, std::string_view what,
+                                   CollectivePayload payload,
+                                   const std::function<c10::intrusive_ptr<c10d::Work>()>& issue);
+
+// start_collective, then wait.
 void run_collective(c10d::ProcessGroup& group, std::string_view what, CollectivePayload payload,
                     const std::function<c10::intrusive_ptr<c10d::Work>()>& issue);
 

@@ -5,10 +5,12 @@
 // Each rank trains the same models on its own micro-batch. Ownership follows
 // the chunks (Note [Chunk groups across ranks] in rank_layout.cc): rank r
 // owns chunk r of each group of N parameter chunks.
-//  - reduce_gradients(): for each group, one all-to-all sends every rank's
-//    gradients of member j to rank j (in their own dtype: Note [Gradients
-//    travel in their own dtype]); the owner sums them in fp32 in rank
-//    order and divides by N, which is deterministic and is what the
+//  - A reduction (during backward, each group as its gradients complete:
+//    Note [Reducing while backward runs] in backward_reduction.cc; or
+//    reduce_gradients(), for what a backward left): for each group, one
+//    all-to-all sends every rank's gradients of member j to rank j (in
+//    their own dtype: Note [Gradients travel in their own dtype]); the
+//    owner sums them in fp32 in rank order and divides by N, which is deterministic and is what the
 //    in-process oracle computes (where the collectives run on a GPU, one
 //    reduce-scatter instead: Note [Reduce-scatter where the collectives run
 //    on a GPU]). The owner's gradient is that mean; on other
@@ -385,8 +387,8 @@ void pack_widened_gradients(const std::vector<ManagedParam*>& member, at::Tensor
   segment.narrow(0, offset + count, segment.numel() - offset - count).zero_();
 }
 
-void reduce_scatter_group(ChunkManager& chunks, c10d::ProcessGroup& group,
-                          const ChunkGroup& chunk_group) {
+GroupReduction start_reduce_scatter(ChunkManager& chunks, c10d::ProcessGroup& group,
+                                    const ChunkGroup& chunk_group) {
   const int world = group.getSize();
   const int rank = group.getRank();
   std::vector<std::vector<ManagedParam*>> members;
@@ -395,7 +397,7 @@ void reduce_scatter_group(ChunkManager& chunks, c10d::ProcessGroup& group,
     members.push_back(stepped(member));
     segment = std::max(segment, widened_segment_elements(members.back()));
   }
-  if (segment == 0) return;
+  if (segment == 0) return {};
 
   at::NoGradGuard no_grad;
   const at::ScalarType dtype = reduce_scatter_dtype(members);
@@ -408,29 +410,33 @@ void reduce_scatter_group(ChunkManager& chunks, c10d::ProcessGroup& group,
   at::Tensor sum = at::empty({segment}, staging);
   const std::int64_t crossing =
       segment * (world - 1) * static_cast<std::int64_t>(c10::elementSize(dtype));
-  run_collective(group, "reducing gradients", CollectivePayload{crossing, crossing}, [&] {
-    return group._reduce_scatter_base(sum, send, c10d::ReduceScatterOptions{c10d::ReduceOp::SUM});
-  });
-  send.reset();  // room for what follows
+  PendingCollective collective =
+      start_collective(group, "reducing gradients", CollectivePayload{crossing, crossing}, [&] {
+        return group._reduce_scatter_base(sum, send,
+                                          c10d::ReduceScatterOptions{c10d::ReduceOp::SUM});
+      });
+  drop_gradients_owned_elsewhere(chunks, members, rank);  // sent: the staging holds them
 
-  drop_gradients_owned_elsewhere(chunks, members, rank);
-  const std::vector<ManagedParam*>& own = members[static_cast<std::size_t>(rank)];
-  std::int64_t values = 0;
-  for (const ManagedParam* managed : own) values += elements(*managed);
-  const at::Tensor mean = sum.narrow(0, 0, values).div_(static_cast<double>(world));
-  const at::Tensor reached =
-      sum.narrow(0, values, static_cast<std::int64_t>(own.size())).gt(0.5).cpu();
-  const auto reached_by = reached.accessor<bool, 1>();
-  std::int64_t offset = 0;
-  for (std::size_t i = 0; i < own.size(); ++i) {
-    set_reduced_gradient(*own[i], reached_by[static_cast<std::int64_t>(i)],
-                         mean.narrow(0, offset, elements(*own[i])));
-    offset += elements(*own[i]);
-  }
+  std::vector<ManagedParam*> own = members[static_cast<std::size_t>(rank)];
+  return GroupReduction(std::move(collective), [send, sum, own = std::move(own), world] {
+    at::NoGradGuard no_grad;
+    std::int64_t values = 0;
+    for (const ManagedParam* managed : own) values += elements(*managed);
+    const at::Tensor mean = sum.narrow(0, 0, values).div_(static_cast<double>(world));
+    const at::Tensor reached =
+        sum.narrow(0, values, static_cast<std::int64_t>(own.size())).gt(0.5).cpu();
+    const auto reached_by = reached.accessor<bool, 1>();
+    std::int64_t offset = 0;
+    for (std::size_t i = 0; i < own.size(); ++i) {
+      set_reduced_gradient(*own[i], reached_by[static_cast<std::int64_t>(i)],
+                           mean.narrow(0, offset, elements(*own[i])));
+      offset += elements(*own[i]);
+    }
+  });
 }
 
-void all_to_all_group(ChunkManager& chunks, c10d::ProcessGroup& group,
-                      const ChunkGroup& chunk_group) {
+GroupReduction start_all_to_all(ChunkManager& chunks, c10d::ProcessGroup& group,
+                                const ChunkGroup& chunk_group) {
   const int world = group.getSize();
   const int rank = group.getRank();
   std::vector<std::vector<ManagedParam*>> members;
@@ -443,7 +449,7 @@ void all_to_all_group(ChunkManager& chunks, c10d::ProcessGroup& group,
     segment.push_back(layouts.back().bytes);
     total += layouts.back().bytes;
   }
-  if (total == 0) return;
+  if (total == 0) return {};
 
   at::NoGradGuard no_grad;
   // Note [The device collectives take]
@@ -460,25 +466,43 @@ void all_to_all_group(ChunkManager& chunks, c10d::ProcessGroup& group,
   std::vector<std::int64_t> output_splits(static_cast<std::size_t>(world), own);
   // Every segment crosses but this rank's own, sent and received alike.
   const CollectivePayload payload{total - own, own * (world - 1)};
-  run_collective(group, "reducing gradients", payload,
-                 [&] { return group.alltoall_base(received, send, output_splits, segment); });
-  send.reset();  // room for what follows
+  PendingCollective collective = start_collective(group, "reducing gradients", payload, [&] {
+    return group.alltoall_base(received, send, output_splits, segment);
+  });
+  drop_gradients_owned_elsewhere(chunks, members, rank);  // sent: the staging holds them
 
-  drop_gradients_owned_elsewhere(chunks, members, rank);
-  write_means(layouts[static_cast<std::size_t>(rank)], received, world);
+  return GroupReduction(
+      std::move(collective),
+      [layout = std::move(layouts[static_cast<std::size_t>(rank)]), send, received, world] {
+        at::NoGradGuard no_grad;
+        write_means(layout, received, world);
+      });
 }
 
-// With the state's mutex held.
-void reduce_group(ChunkManager& chunks, c10d::ProcessGroup& group, const ChunkGroup& chunk_group) {
+}  // namespace
+
+GroupReduction::GroupReduction(PendingCollective collective, std::function<void()> write_means)
+    : collective_(std::move(collective)), write_means_(std::move(write_means)) {}
+
+void GroupReduction::finish() {
+  if (!collective_) return;
+  collective_->wait();
+  collective_.reset();
+  write_means_();
+}
+
+GroupReduction start_group_reduction(ChunkManager& chunks, c10d::ProcessGroup& group,
+                                     const ChunkGroup& chunk_group) {
   GradientReduction reduction = data_parallel().reduction;
   if (reduction == GradientReduction::by_device)
     reduction = collective_device(group).is_cuda() ? GradientReduction::reduce_scatter
                                                    : GradientReduction::all_to_all;
   if (reduction == GradientReduction::reduce_scatter)
-    reduce_scatter_group(chunks, group, chunk_group);
-  else
-    all_to_all_group(chunks, group, chunk_group);
+    return start_reduce_scatter(chunks, group, chunk_group);
+  return start_all_to_all(chunks, group, chunk_group);
 }
+
+namespace {
 
 // Calls `visit` with every parameter of the layout; stops at the first
 // that returns true, and says whether one did.
@@ -500,11 +524,8 @@ bool gradients_unreduced(const RankLayout& layout) {
   });
 }
 
-void mark_gradients_reduced(const RankLayout& layout) {
-  any_param(layout, [](ManagedParam& managed) {
-    managed.gradient_unreduced.store(false, std::memory_order_release);
-    return false;
-  });
+void mark_layout_reduced(const RankLayout& layout) {
+  for (const ChunkGroup& chunk_group : layout.groups) mark_gradients_reduced(chunk_group);
 }
 
 c10::intrusive_ptr<c10d::ProcessGroup> current_group() {
@@ -512,12 +533,23 @@ c10::intrusive_ptr<c10d::ProcessGroup> current_group() {
   return data_parallel().group;
 }
 
-// Counts a data parallel operation; the caller holds the state's mutex.
+}  // namespace
+
+void mark_gradients_reduced(const ChunkGroup& chunk_group) {
+  for (const auto& member : chunk_group.members)
+    for (const auto& managed : member)
+      managed->gradient_unreduced.store(false, std::memory_order_release);
+}
+
+CollectivesTurn take_collectives_turn() {
+  std::unique_lock lock(data_parallel().mutex);
+  c10::intrusive_ptr<c10d::ProcessGroup> group = data_parallel().group;
+  return {std::move(lock), std::move(group)};
+}
+
 void begin_operation(c10d::ProcessGroup& group) {
   note_progress(group, ++data_parallel().operations);
 }
-
-}  // namespace
 
 namespace {
 
@@ -598,9 +630,10 @@ void check_not_accumulating_onto_reduced(const ManagedParam& managed) {
   throw std::runtime_error(fmt::format(
       "spillway data parallel: a backward added to the gradient of '{}' after it was reduced "
       "across ranks and before it was zeroed, so the next reduction would divide its mean by "
-      "the world size again. Reduce (reduce_gradients(), clip_grad_norm_, a GradScaler's "
-      "unscale_, the optimizer's step) only after the last micro-batch's backward, and zero the "
-      "gradients after each step",
+      "the world size again. When accumulating, run every micro-batch's backward but the last "
+      "inside no_sync() (spillway::NoSync in C++), so that only the last one reduces; reduce "
+      "(reduce_gradients(), clip_grad_norm_, a GradScaler's unscale_) only after it, and zero "
+      "the gradients after each step",
       info.has_value() ? info->name : std::string("?")));
 }
 
@@ -677,8 +710,8 @@ void reduce_clients(const std::optional<std::vector<torch::Tensor>>& params) {
   for (std::size_t i = 0; i < layouts.size(); ++i) {
     if (written[static_cast<std::int64_t>(i)].item<int>() == 0) continue;
     for (const torch_bridge::ChunkGroup& chunk_group : layouts[i].groups)
-      torch_bridge::reduce_group(chunks, *group, chunk_group);
-    torch_bridge::mark_gradients_reduced(layouts[i]);
+      torch_bridge::start_group_reduction(chunks, *group, chunk_group).finish();
+    torch_bridge::mark_layout_reduced(layouts[i]);
   }
 }
 

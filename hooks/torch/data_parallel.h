@@ -2,12 +2,16 @@
 // parallel over chunk groups] in data_parallel.cc). Private to hooks/torch.
 #pragma once
 
+#include <functional>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "hooks/torch/bridge.h"
+#include "hooks/torch/collective_wait.h"
+#include "hooks/torch/rank_layout.h"
 
 namespace spillway::torch_bridge {
 
@@ -58,6 +62,50 @@ void barrier(std::string_view what);
 // grad_mutex held. Throws std::runtime_error when it accumulated into the
 // mean a reduction left there (Note [A backward onto a reduced gradient]).
 void check_not_accumulating_onto_reduced(const ManagedParam& managed);
+
+// The data parallel group (null without one), with the lock that
+// serialises its collectives: one sequence of them per process.
+struct CollectivesTurn {
+  std::unique_lock<std::mutex> lock;
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+};
+CollectivesTurn take_collectives_turn();
+
+// Counts a data parallel operation (Note [A failed collective names the
+// missing ranks]); with the turn held.
+void begin_operation(c10d::ProcessGroup& group);
+
+// A chunk group's gradient reduction under way: this rank's gradients
+// packed and sent (the collective in flight), the gradients of what other
+// ranks own dropped. finish() waits for it and gives each owned parameter
+// the mean (or none where no rank reached it). Default-made: nothing to
+// reduce.
+class GroupReduction {
+ public:
+  GroupReduction() = default;
+  GroupReduction(PendingCollective collective, std::function<void()> write_means);
+  void finish();
+
+ private:
+  std::optional<PendingCollective> collective_;
+  std::function<void()> write_means_;
+};
+
+// Starts reducing `chunk_group`'s gradients to their owners; with the turn
+// held, and finished before another collective waits.
+GroupReduction start_group_reduction(ChunkManager& chunks, c10d::ProcessGroup& group,
+                                     const ChunkGroup& chunk_group);
+
+// Clears the gradient_unreduced flags of the group's parameters (Note [A
+// reduction reduces what backward wrote since the last]).
+void mark_gradients_reduced(const ChunkGroup& chunk_group);
+
+// Called by the accumulation post hook (grad_binding.cc) once a backward
+// has written `managed`'s gradient: reduces each chunk group whose
+// gradients are all written, in the fixed order, and at the end of the
+// backward every group left (Note [Reducing while backward runs],
+// backward_reduction.cc). Nothing without a group or inside no_sync.
+void reduce_as_backward_completes(const ManagedParam& managed);
 
 // With dist:env and no group yet: joins the group torchrun's environment
 // describes (Note [Joining the group torchrun describes], dist_env.cc).

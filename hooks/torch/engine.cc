@@ -250,6 +250,10 @@ void EngineCore::backward(const torch::Tensor& loss) {
   // Scaled in fp32: an fp16 loss times 2^16 could overflow before backward.
   const double factor = (config_.precision == engine::Precision::fp16 ? scaler_.scale() : 1.0) /
                         config_.gradient_accumulation_steps;
+  // Within an accumulation window only the last backward reduces across
+  // ranks (Note [Reducing while backward runs]).
+  std::optional<NoSync> accumulating;
+  if (!is_gradient_accumulation_boundary()) accumulating.emplace();
   if (factor == 1.0) {
     loss.backward();
   } else {
@@ -276,7 +280,8 @@ bool EngineCore::step() {
   }
 
   // Data parallel: each owner's gradients become the mean over the ranks
-  // before anything looks at them (nothing without a group).
+  // before anything looks at them; backward reduced them already, unless
+  // it reached a model only in earlier micro-batches (nothing without a group).
   reduce_gradients(trainable_);
   const bool fp16 = config_.precision == engine::Precision::fp16;
   const engine::ClipPath path = engine::clip_path(config_.precision, config_.zero.stage);

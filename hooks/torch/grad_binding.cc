@@ -121,6 +121,7 @@ class RebindAfterAccumulation final : public torch::autograd::FunctionPostHook {
       }
       managed->gradient_unreduced.store(true, std::memory_order_release);
       rebind_grad_if_replaced(active_chunk_manager(), *managed);
+      reduce_as_backward_completes(*managed);
     }
     return outputs;
   }

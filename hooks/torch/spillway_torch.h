@@ -108,14 +108,15 @@ void dump_trace(const std::string& path);
 // naming the first parameter that differs) and gives every rank the owners'
 // values. A null group ends data parallel training.
 void set_process_group(c10::intrusive_ptr<c10d::ProcessGroup> group);
-// Between backward and the optimizer step, on every rank: each owned
-// parameter's gradient becomes the mean over the ranks (summed in rank
-// order, in fp32); every other gradient is set to none, so any optimizer
-// steps only what this rank owns. A parameter no rank reached keeps no
-// gradient. Call it once per optimizer step, after the last micro-batch's
-// backward when accumulating. A second call with no backward in between
+// Each owned parameter's gradient becomes the mean over the ranks (summed
+// in rank order, in fp32); every other gradient is set to none, so any
+// optimizer steps only what this rank owns. A parameter no rank reached
+// keeps no gradient. backward does this itself, each chunk group as soon as
+// its gradients are written (Note [Reducing while backward runs]), so this
+// reduces only what a backward left (one inside NoSync, say); the
+// optimizer's step calls it. A second call with no backward in between
 // reduces nothing (Note [A reduction reduces what backward wrote since the
-// last]); a backward after it, before the gradients are zeroed, throws
+// last]); a backward onto reduced gradients, before they are zeroed, throws
 // from backward (Note [A backward onto a reduced gradient]). Nothing
 // without a group.
 void reduce_gradients();
@@ -123,6 +124,18 @@ void reduce_gradients();
 // Python's optimizers call it before each step, so that two models with two
 // optimizers are each reduced once, before their own step).
 void reduce_gradients(const std::vector<torch::Tensor>& params);
+// While one is alive (in any thread), backward does not reduce gradients
+// across ranks: torch DDP's no_sync. Wrap every micro-batch of an
+// accumulation window but the last; the last one's backward reduces what
+// they all accumulated. Without it a second micro-batch's backward would
+// add to reduced means, which throws.
+class NoSync {
+ public:
+  NoSync();
+  ~NoSync();
+  NoSync(const NoSync&) = delete;
+  NoSync& operator=(const NoSync&) = delete;
+};
 // torch::nn::utils::clip_grad_norm_ for data parallel training: reduces the
 // gradients of the models that hold `params` (reduce_gradients(params), so
 // the optimizer's step does not reduce again), then clips by the norm of the

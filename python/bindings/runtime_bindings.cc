@@ -137,6 +137,17 @@ void bind_runtime(py::module_& module) {
   module.def("reduce_gradients",
              py::overload_cast<const std::vector<torch::Tensor>&>(&spillway::reduce_gradients),
              py::arg("params"), py::call_guard<py::gil_scoped_release>());
+  // spillway.no_sync()'s context (Note [Reducing while backward runs]).
+  struct NoSyncContext {
+    std::optional<spillway::NoSync> scope;
+  };
+  py::class_<NoSyncContext>(module, "_NoSync")
+      .def(py::init<>())
+      .def("__enter__", [](NoSyncContext& context) { context.scope.emplace(); })
+      .def("__exit__", [](NoSyncContext& context, const py::args&) {
+        context.scope.reset();
+        return false;
+      });
   module.def("data_parallel_world_size", &spillway::data_parallel_world_size);
   module.def("data_parallel_rank", &spillway::data_parallel_rank);
   // What the GPU check asks of a group dist:env made.

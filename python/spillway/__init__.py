@@ -41,6 +41,7 @@ __all__ = [
     "unmanage",
     "memory_stats",
     "data_parallel_traffic",
+    "no_sync",
     "save_checkpoint",
     "load_checkpoint",
     "CheckpointError",
@@ -155,8 +156,10 @@ def manage(module_or_params, process_group=None):
     Data parallel (docs/data-parallel.md): with ``process_group``, or else
     with torch.distributed initialized (its default group), the models train
     data parallel across the group's ranks: each rank owns whole chunks,
-    every optimizer step reduces gradients to their owners first and gives
-    every rank the owners' new values after. Every rank must then manage the
+    backward reduces gradients to their owners as they complete (wrap the
+    micro-batches of an accumulation window but the last in
+    ``spillway.no_sync()``), and every optimizer step gives every rank the
+    owners' new values after. Every rank must then manage the
     same models in the same order; a rank whose layout differs raises
     RuntimeError naming the first parameter that differs.
     """
@@ -202,6 +205,17 @@ def data_parallel_traffic():
     {"bytes_sent", "bytes_received", "collectives"}, payload bytes by each
     collective's meaning (docs/data-parallel.md); zeros without a group."""
     return _C.data_parallel_traffic()
+
+
+def no_sync():
+    """A context in which backward does not reduce gradients across ranks,
+    as torch DDP's no_sync: wrap every micro-batch of an accumulation window
+    but the last, whose backward then reduces what they all accumulated
+    (Note [Reducing while backward runs] in
+    hooks/torch/backward_reduction.cc). Without it, the second micro-batch's
+    backward would add to gradients already reduced, and raises. Nothing
+    without a process group."""
+    return _C._NoSync()
 
 
 def dump_trace(path):

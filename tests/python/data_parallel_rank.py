@@ -9,7 +9,8 @@ torch.nn.utils.clip_grad_norm_); "amp" (SGD under torch.amp.GradScaler,
 whose step OVERFLOW_STEP overflows on the last rank only); "save" (Adam,
 then spillway.save_checkpoint to CHECKPOINT); "resume" (Adam from
 spillway.load_checkpoint of CHECKPOINT, steps STEPS to 2 STEPS - 1; a world
-of 1 runs without torch.distributed).
+of 1 runs without torch.distributed); "accumulate" (SGD, MICRO_BATCHES
+micro-batches per step, all but the last inside spillway.no_sync()).
 """
 
 import sys
@@ -24,6 +25,7 @@ WIDTH = 512
 OUTPUTS = 16
 CLIP_NORM = 0.05
 OVERFLOW_STEP = 1
+MICRO_BATCHES = 2
 
 
 def make_model():
@@ -41,8 +43,12 @@ def make_optimizer(kind, params):
     return torch.optim.SGD(params, lr=0.05, momentum=0.9)
 
 
-def batch(step, rank):
-    generator = torch.Generator().manual_seed(1000 * step + rank)
+def micro_batches(kind):
+    return MICRO_BATCHES if kind == "accumulate" else 1
+
+
+def batch(step, rank, micro=0):
+    generator = torch.Generator().manual_seed(1000 * step + 100 * micro + rank)
     return (torch.randn(BATCH, INPUTS, generator=generator),
             torch.randn(BATCH, OUTPUTS, generator=generator))
 
@@ -80,12 +86,20 @@ def main():
         first = STEPS
     for step in range(first, first + STEPS):
         optimizer.zero_grad()
-        x, y = batch(step, rank)
+        for micro in range(micro_batches(kind) - 1):
+            with spillway.no_sync():  # only the last backward reduces
+                x, y = batch(step, rank, micro)
+                F.mse_loss(model(x), y).backward()
+        x, y = batch(step, rank, micro_batches(kind) - 1)
         loss = F.mse_loss(model(x), y)
         if scaler is None:
             loss.backward()
         else:
-            scaler.scale(loss).backward()
+            # The rank's own gradients stay for the overflow below; the
+            # scaler's unscale_ reduces them (Note [Python clipping and loss
+            # scaling across ranks]).
+            with spillway.no_sync():
+                scaler.scale(loss).backward()
             if overflows(kind, step, rank, world):
                 # One element of the first weight's gradient overflows, on
                 # this rank only. Rank 0 owns that weight (the first chunk),

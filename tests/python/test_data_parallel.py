@@ -1,15 +1,17 @@
 """Data parallel from Python (docs/data-parallel.md): an unchanged training
 loop, torch.distributed initialized with Gloo, spillway.manage(model) using
 its default group. Each rank runs data_parallel_rank.py in a process of its
-own; the test compares them with plain torch computing the same mean
-gradient (each rank's micro-batch on its own, summed in rank order, divided
+own; backward reduces each chunk group as its gradients complete (Note
+[Reducing while backward runs]); the test compares them with plain torch
+computing the same mean gradient (each rank's micro-batch on its own, summed in rank order, divided
 by the world size), bit for bit, parameters and optimizer state alike, and
 checks that each parameter's state lives on one rank only.
 
 Clipping and loss scaling (Note [Python clipping and loss scaling across
 ranks]): torch.nn.utils.clip_grad_norm_ in the loop returns, on every rank,
 the norm torch computes on the mean gradient, bit for bit; a GradScaler
-whose step overflows on one rank skips that step on every rank."""
+whose step overflows on one rank skips that step on every rank. Gradient
+accumulation: every micro-batch but the last inside spillway.no_sync()."""
 
 import json
 import os
@@ -60,8 +62,9 @@ def oracle(world, kind, steps=ranked.STEPS, resumed_world=None):
         sums = [None] * len(params)
         for rank in range(world):
             optimizer.zero_grad()
-            x, y = ranked.batch(step, rank)
-            F.mse_loss(model(x), y).backward()
+            for micro in range(ranked.micro_batches(kind)):
+                x, y = ranked.batch(step, rank, micro)
+                F.mse_loss(model(x), y).backward()
             for i, param in enumerate(params):
                 sums[i] = param.grad.clone() if rank == 0 else sums[i].add_(param.grad)
         for param, total in zip(params, sums):
@@ -75,7 +78,8 @@ def oracle(world, kind, steps=ranked.STEPS, resumed_world=None):
             norms)
 
 
-@pytest.mark.parametrize("world,kind", [(2, "adam"), (3, "sgd"), (3, "clip"), (2, "amp")])
+@pytest.mark.parametrize("world,kind", [(2, "adam"), (3, "sgd"), (3, "clip"), (2, "amp"),
+                                        (2, "accumulate")])
 def test_ranks_match_plain_torch_bit_for_bit(tmp_path, world, kind):
     results = run_ranks(world, tmp_path / "ranks", kind)
     expected_params, expected_states, expected_norms = oracle(world, kind)

@@ -318,6 +318,10 @@ void train_rank(const RankEnvironment& env, const Scenario& scenario) {
     trainer.zero_grad();
     for (int micro = 0; micro < scenario.micro_batches; ++micro) {
       auto [x, y] = batch(step + batch_offset, env.rank, micro);
+      // Only the last micro-batch's backward reduces (Note [Reducing while
+      // backward runs]).
+      std::optional<spillway::NoSync> accumulating;
+      if (micro + 1 < scenario.micro_batches) accumulating.emplace();
       torch::mse_loss(trained.forward(x.to(scenario.dtype), uses_extra(step, env.rank, micro)),
                       y.to(scenario.dtype))
           .backward();
@@ -777,7 +781,12 @@ TEST(DataParallel, AnFp16OverflowOnOneRankSkipsTheStepOnEveryRank) {
       // is past fp16's 65504.
       if (step == kOverflowStep && env->rank == 1) x.narrow(0, 0, 64).fill_(300);
       x = x.to(torch::kHalf);
+      // The overflow step's gradients stay on their ranks for the check
+      // below; the engine's step() reduces them then.
+      std::optional<spillway::NoSync> local;
+      if (step == kOverflowStep) local.emplace();
       engine.backward((engine.forward(x).to(torch::kFloat) - 0.25).pow(2).sum());
+      local.reset();
       if (step == kOverflowStep) {
         bool finite = true;
         for (const auto& p : engine.module()->parameters())
@@ -1076,9 +1085,60 @@ TEST(DataParallel, ABf16StepMovesTheMinimumBytesPlusFlags) {
   expect_a_step_to_move_the_minimum_bytes_plus_flags(torch::kBFloat16);
 }
 
+// Note [Reducing while backward runs]: ChunkSizedParams' backward writes
+// p5's gradient first and p0's last, and with two ranks its chunk groups are
+// {p0, p1}, {p2, p3}, {p4, p5}. By the time p0's gradient is computed, the
+// last group has been reduced (the owner holds the mean, the other rank no
+// gradient) and the middle one is under way: the reduction ran during
+// backward, not after it. After backward nothing is left to reduce.
+TEST(DataParallel, GroupsAreReducedWhileBackwardRuns) {
+  constexpr int kWorld = 2;
+  if (auto env = rank_environment()) {
+    use_conf();
+    torch::manual_seed(7);
+    ChunkSizedParams model;
+    spillway::set_process_group(connect(*env));
+    spillway::manage(model);
+    const std::vector<torch::Tensor>& p = model.params;
+    const int owner_of_p4 = spillway::data_parallel_owners({p[4]})[0];
+    ASSERT_EQ(owner_of_p4, 0);
+    ASSERT_EQ(spillway::data_parallel_owners({p[5]})[0], 1);
+    const std::int64_t before = spillway::data_parallel_traffic().collectives;
+    std::int64_t collectives_at_p0 = 0;
+    std::vector<bool> grad_at_p0;
+    torch::Tensor owned_last_group_grad;
+    p[0].register_hook([&](torch::Tensor grad) {
+      collectives_at_p0 = spillway::data_parallel_traffic().collectives - before;
+      for (const auto& param : p) grad_at_p0.push_back(param.grad().defined());
+      owned_last_group_grad = p[4 + env->rank].grad().detach().clone();
+      return grad;
+    });
+    model.loss(1.0 + env->rank).backward();
+    // Comparing layouts, then the groups {p4, p5} and {p2, p3}.
+    EXPECT_GE(collectives_at_p0, 3);
+    ASSERT_EQ(grad_at_p0.size(), 6U);
+    EXPECT_FALSE(grad_at_p0[5 - env->rank]) << "the other rank's gradient of the last group";
+    EXPECT_TRUE(grad_at_p0[4 + env->rank]);
+    // d/dp (p s)^2 = 2 s^2 p, and the mean of s^2 over s = 1, 2 is 2.5.
+    ASSERT_TRUE(owned_last_group_grad.defined());
+    EXPECT_TRUE(torch::allclose(owned_last_group_grad, 5 * p[4 + env->rank].detach()));
+    for (int i = 0; i < 6; ++i)
+      EXPECT_EQ(p[static_cast<std::size_t>(i)].grad().defined(), i % 2 == env->rank)
+          << "p" << i << " after backward";
+    const std::int64_t sent = spillway::data_parallel_traffic().bytes_sent;
+    spillway::reduce_gradients();
+    EXPECT_LT(spillway::data_parallel_traffic().bytes_sent - sent, 1024)
+        << "reduce_gradients() after backward should move no gradient";
+    return;
+  }
+  TemporaryFolder folder;
+  run_ranks(kWorld, folder.path);
+}
+
 // Note [A backward onto a reduced gradient]: a backward between a reduction
-// and the zeroing of the gradients fails on the owners, naming a parameter,
-// instead of reducing the mean again. Zeroing in place (zero_grad(false))
+// and the zeroing of the gradients (the second micro-batch of an
+// accumulation outside NoSync, say) fails on the owners, naming a
+// parameter, instead of reducing the mean again. Zeroing in place (zero_grad(false))
 // or setting to none before the next backward is fine.
 TEST(DataParallel, ABackwardOntoReducedGradientsIsRefused) {
   constexpr int kWorld = 2;
@@ -1119,6 +1179,8 @@ TEST(DataParallel, ABackwardOntoReducedGradientsIsRefused) {
         << "rank " << rank << ": " << message;
     EXPECT_NE(message.find("gradient of 'p"), std::string::npos)
         << "rank " << rank << ": " << message;
+    // The loop that trips it most: accumulating without NoSync.
+    EXPECT_NE(message.find("NoSync"), std::string::npos) << "rank " << rank << ": " << message;
   }
 }
 

@@ -697,6 +697,9 @@ int main(int argc, char** argv) {
   app.add_option("--figures", demo.figures,
                  "write the run's figures here as JSON: each rank's median step time, "
                  "optimizer-state bytes and data parallel traffic per step (bench/dp reads it)");
+  app.add_flag("--reduce-after-backward", demo.trainer.reduce_after_backward,
+               "with --nproc: reduce the gradients after backward, not during it as each "
+               "chunk group completes (bench/dp compares the two)");
   app.add_option("--nproc", demo.nproc,
                  "train data parallel in this many processes on this machine (Gloo, the "
                  "simulated device); with --check, compare every rank with one process "

@@ -1,5 +1,6 @@
 #include "tools/train_demo/trainer.h"
 
+#include <optional>
 #include <stdexcept>
 
 #include "hooks/torch/spillway_torch.h"
@@ -73,8 +74,12 @@ float Trainer::step() {
   if (options_.mean_of_ranks) return step_mean_of_ranks(batches);
   optimizer_->zero_grad();
   const torch::Tensor loss = loss_of(batches[static_cast<std::size_t>(options_.rank)]);
-  loss.backward();
-  spillway::reduce_gradients();  // nothing without a process group
+  {
+    std::optional<spillway::NoSync> after;
+    if (options_.reduce_after_backward) after.emplace();
+    loss.backward();  // reduces each chunk group as it completes, with a process group
+  }
+  spillway::reduce_gradients();  // what backward left
   optimizer_->step();
   spillway::step();
   return loss.item<float>();

@@ -52,6 +52,10 @@ struct TrainerOptions {
   int ranks = 1;
   int rank = 0;
   bool mean_of_ranks = false;
+  // Reduce after backward (backward inside spillway::NoSync, then
+  // reduce_gradients) instead of during it, each chunk group as its
+  // gradients complete: bench/dp's comparison.
+  bool reduce_after_backward = false;
 };
 
 class Trainer {

@@ -1,0 +1,194 @@
+// Reducing gradients across ranks while backward runs.
+//
+// Note [Reducing while backward runs]
+// A chunk group's gradients can go to their owners as soon as this backward
+// has written all of them: the collective (Gloo's threads, NCCL's stream)
+// then runs while backward computes the rest, instead of after it. The
+// ranks must still issue the same collectives in the same order, and when a
+// group completes depends on each rank's micro-batch and timing. So the
+// order is fixed by the layout every rank agreed on: the models in the order
+// they were added, each one's chunk groups last first (backward produces
+// gradients roughly in the reverse of the order forward used the
+// parameters, the order they were placed in chunks). A group is reduced
+// once all its gradients are written and every group before it in the order
+// has been reduced; whatever waits is reduced at the end of backward.
+//  - A group's gradients are all written when the accumulation post hook
+//    (grad_binding.cc) of each of its parameters that requires grad has run
+//    in this backward: autograd runs it once per backward, after the last
+//    contribution.
+//  - At the end of backward (an autograd final callback, queued by the first
+//    hook), every group not yet reduced of every model this backward reached
+//    is reduced, in the same order: a parameter this rank's micro-batch did
+//    not reach, or no rank did, cannot hang the job (its flag says so).
+//  - A model whose place in the order follows one that this backward has not
+//    reached yet waits for the end of backward: only then is it known
+//    whether the earlier one will be reached.
+//  - Every rank's backward must reach the same models, though not the same
+//    parameters (DDP asks as much of its modules): a model one rank's
+//    backward reaches and another's does not is reduced on one side only,
+//    and the ranks' collectives no longer match.
+//  - One group's collective is in flight at a time: the next group waits for
+//    it before starting, so staging memory stays one group's, as when the
+//    reduction followed backward. What other ranks own is dropped as soon as
+//    it is sent, during backward.
+//  - Inside no_sync() (the micro-batches of an accumulation window but the
+//    last) backward only accumulates; the last backward reduces what all of
+//    them wrote, and reduce_gradients() (the optimizer's pre-hook) whatever
+//    models the last did not reach.
+//  - A backward that fails part way leaves its state behind; the next
+//    backward (another graph task) starts afresh. A backward nested in a
+//    backward (reentrant activation checkpointing) is another graph task
+//    too, so it is not supported under data parallel training.
+#include <atomic>
+#include <cstddef>
+#include <optional>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/graph_task.h>
+
+#include "hooks/torch/data_parallel.h"
+#include "hooks/torch/spillway_torch.h"
+
+namespace spillway::torch_bridge {
+
+namespace {
+
+std::atomic<int> no_sync_depth{0};
+
+// One chunk group in the order of reduction.
+struct Slot {
+  std::size_t layout = 0;
+  std::size_t group = 0;
+  int unwritten = 0;  // its stepped parameters whose gradient this backward has not written
+};
+
+// One backward's reduction; guarded by the collectives' turn.
+struct BackwardReduction {
+  bool active = false;
+  int graph_task = -1;
+  std::vector<RankLayout> layouts;
+  std::vector<bool> reached;  // per layout: this backward wrote one of its gradients
+  std::vector<Slot> order;
+  std::unordered_map<const ManagedParam*, std::size_t> slot_of;  // until written
+  std::size_t next = 0;                                          // the first slot not reduced
+  bool begun = false;  // the operation counted and the layouts compared
+  GroupReduction in_flight;
+  std::optional<std::size_t> in_flight_slot;
+};
+
+BackwardReduction& backward_reduction() {
+  static BackwardReduction* const state = new BackwardReduction();  // never destroyed
+  return *state;
+}
+
+void start_backward(BackwardReduction& state, c10d::ProcessGroup& group, int graph_task) {
+  state = BackwardReduction{};
+  state.active = true;
+  state.graph_task = graph_task;
+  state.layouts = rank_layouts(active_chunk_manager(), group.getSize());
+  state.reached.assign(state.layouts.size(), false);
+  for (std::size_t l = 0; l < state.layouts.size(); ++l) {
+    const std::vector<ChunkGroup>& groups = state.layouts[l].groups;
+    for (std::size_t g = groups.size(); g-- > 0;) {
+      Slot slot{l, g, 0};
+      for (const auto& member : groups[g].members)
+        for (const auto& managed : member)
+          if (stepped_by_owner(*managed)) {
+            state.slot_of.emplace(managed.get(), state.order.size());
+            ++slot.unwritten;
+          }
+      state.order.push_back(slot);
+    }
+  }
+}
+
+void finish_in_flight(BackwardReduction& state) {
+  if (!state.in_flight_slot) return;
+  const Slot& slot = state.order[*state.in_flight_slot];
+  state.in_flight_slot.reset();
+  GroupReduction reduction = std::move(state.in_flight);
+  state.in_flight = GroupReduction();
+  reduction.finish();
+  mark_gradients_reduced(state.layouts[slot.layout].groups[slot.group]);
+}
+
+void reduce_slot(BackwardReduction& state, c10d::ProcessGroup& group, std::size_t index) {
+  if (!state.begun) {
+    begin_operation(group);
+    check_layouts_agree(group, state.layouts);
+    state.begun = true;
+  }
+  finish_in_flight(state);
+  const Slot& slot = state.order[index];
+  state.in_flight = start_group_reduction(active_chunk_manager(), group,
+                                          state.layouts[slot.layout].groups[slot.group]);
+  state.in_flight_slot = index;
+}
+
+// Reduces the slots from `next` on that are ready, in order.
+void reduce_ready(BackwardReduction& state, c10d::ProcessGroup& group) {
+  while (state.next < state.order.size()) {
+    const Slot& slot = state.order[state.next];
+    if (!state.reached[slot.layout] || slot.unwritten > 0) return;
+    reduce_slot(state, group, state.next++);
+  }
+}
+
+// The end of the backward: every group left of every model it reached.
+void reduce_the_rest(int graph_task) {
+  CollectivesTurn turn = take_collectives_turn();
+  BackwardReduction& state = backward_reduction();
+  if (!state.active || state.graph_task != graph_task) return;
+  try {
+    if (turn.group) {
+      for (; state.next < state.order.size(); ++state.next)
+        if (state.reached[state.order[state.next].layout])
+          reduce_slot(state, *turn.group, state.next);
+      finish_in_flight(state);
+    }
+  } catch (...) {
+    state = BackwardReduction{};
+    throw;
+  }
+  state = BackwardReduction{};
+}
+
+}  // namespace
+
+void reduce_as_backward_completes(const ManagedParam& managed) {
+  if (no_sync_depth.load(std::memory_order_acquire) > 0) return;
+  CollectivesTurn turn = take_collectives_turn();
+  if (!turn.group) return;
+  BackwardReduction& state = backward_reduction();
+  const int graph_task = torch::autograd::get_current_graph_task_id();
+  try {
+    if (!state.active || state.graph_task != graph_task) {
+      start_backward(state, *turn.group, graph_task);
+      torch::autograd::Engine::get_default_engine().queue_callback(
+          [graph_task] { reduce_the_rest(graph_task); });
+    }
+    const auto found = state.slot_of.find(&managed);
+    if (found == state.slot_of.end()) return;  // managed since this backward began
+    Slot& slot = state.order[found->second];
+    state.slot_of.erase(found);
+    state.reached[slot.layout] = true;
+    --slot.unwritten;
+    reduce_ready(state, *turn.group);
+  } catch (...) {
+    state = BackwardReduction{};
+    throw;
+  }
+}
+
+}  // namespace spillway::torch_bridge
+
+namespace spillway {
+
+NoSync::NoSync() { torch_bridge::no_sync_depth.fetch_add(1, std::memory_order_acq_rel); }
+
+NoSync::~NoSync() { torch_bridge::no_sync_depth.fetch_sub(1, std::memory_order_acq_rel); }
+
+}  // namespace spillway
