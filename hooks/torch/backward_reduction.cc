@@ -12,17 +12,23 @@
 // parameters, the order they were placed in chunks). A group is reduced
 // once all its gradients are written and every group before it in the order
 // has been reduced; whatever waits is reduced at the end of backward.
-//  - A group's gradients are all written when the accumulation post hook
-//    (grad_binding.cc) of each of its parameters that requires grad has run
-//    in this backward: autograd runs it once per backward, after the last
-//    contribution.
+//  - Which gradients this backward will write is known when it starts: the
+//    parameters whose gradient accumulator is among the graph task's nodes
+//    (and, for a backward with `inputs`, is to run). The first hook reads
+//    them, so the models this backward reaches are known, and a group's
+//    gradients are all written when the accumulation post hook
+//    (grad_binding.cc) of each of those parameters in it has run: autograd
+//    runs it once per backward, after the last contribution. A parameter
+//    this rank's micro-batch does not reach does not hold its group back.
+//  - Only the models this backward reaches are in the order, so a model
+//    added later than one it does not reach (a critic's backward) overlaps
+//    as well.
 //  - At the end of backward (an autograd final callback, queued by the first
 //    hook), every group not yet reduced of every model this backward reached
-//    is reduced, in the same order: a parameter this rank's micro-batch did
-//    not reach, or no rank did, cannot hang the job (its flag says so).
-//  - A model whose place in the order follows one that this backward has not
-//    reached yet waits for the end of backward: only then is it known
-//    whether the earlier one will be reached.
+//    is reduced, in the same order. After a backward that ran to the end
+//    nothing is left; it is the rule that keeps the ranks' sequences equal
+//    should autograd's graph not say (another engine, say: every parameter
+//    then counts as expected, and the models as the hooks reach them).
 //  - Every rank's backward must reach the same models, though not the same
 //    parameters (DDP asks as much of its modules): a model one rank's
 //    backward reaches and another's does not is reduced on one side only,
@@ -43,6 +49,7 @@
 #include <cstddef>
 #include <optional>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -84,24 +91,47 @@ BackwardReduction& backward_reduction() {
   return *state;
 }
 
+// Whether the current graph task will run `managed`'s gradient accumulator,
+// and so its post hook. `in_graph`: the task's nodes.
+bool runs_accumulator(const ManagedParam& managed,
+                      const std::unordered_set<torch::autograd::Node*>& in_graph) {
+  torch::autograd::Node* node = managed.grad_accumulator.get();
+  if (node == nullptr || !in_graph.contains(node)) return false;
+  // Empty for a plain backward (torch/csrc/autograd/graph_task.h, its exec info note).
+  const auto* exec_info = torch::autograd::get_current_graph_task_exec_info();
+  if (exec_info == nullptr || exec_info->empty()) return true;
+  const auto found = exec_info->find(node);
+  return found != exec_info->end() && found->second.should_execute();
+}
+
 void start_backward(BackwardReduction& state, c10d::ProcessGroup& group, int graph_task) {
   state = BackwardReduction{};
   state.active = true;
   state.graph_task = graph_task;
   state.layouts = rank_layouts(active_chunk_manager(), group.getSize());
   state.reached.assign(state.layouts.size(), false);
+  // Null where autograd does not say: every parameter is then expected.
+  const std::unordered_set<torch::autograd::Node*>* in_graph =
+      torch::autograd::get_current_graph_task_nodes_in_graph();
   for (std::size_t l = 0; l < state.layouts.size(); ++l) {
     const std::vector<ChunkGroup>& groups = state.layouts[l].groups;
+    const std::size_t first_slot = state.order.size();
     for (std::size_t g = groups.size(); g-- > 0;) {
       Slot slot{l, g, 0};
       for (const auto& member : groups[g].members)
-        for (const auto& managed : member)
-          if (stepped_by_owner(*managed)) {
-            state.slot_of.emplace(managed.get(), state.order.size());
-            ++slot.unwritten;
+        for (const auto& managed : member) {
+          if (!stepped_by_owner(*managed)) continue;
+          if (in_graph != nullptr) {
+            if (!runs_accumulator(*managed, *in_graph)) continue;
+            state.reached[l] = true;
           }
+          state.slot_of.emplace(managed.get(), state.order.size());
+          ++slot.unwritten;
+        }
       state.order.push_back(slot);
     }
+    if (in_graph != nullptr && !state.reached[l])
+      state.order.resize(first_slot);  // not reached: not in the order
   }
 }
 

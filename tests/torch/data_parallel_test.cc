@@ -1135,6 +1135,47 @@ TEST(DataParallel, GroupsAreReducedWhileBackwardRuns) {
   run_ranks(kWorld, folder.path);
 }
 
+// Note [Reducing while backward runs]: which gradients a backward writes is
+// known when it starts. Two models, the critic added after the actor; a
+// backward of the critic's loss alone, which on rank 1 leaves out p5. The
+// actor, which this backward does not reach, does not hold the critic
+// back, nor does p5 hold back its group {p4, p5} on rank 1: that group is
+// reduced before the critic's p0 gets its gradient, and p5's owner (rank
+// 1) holds rank 0's gradient over two (rank 1 sent none).
+TEST(DataParallel, WhatABackwardDoesNotReachHoldsNothingBack) {
+  constexpr int kWorld = 2;
+  if (auto env = rank_environment()) {
+    use_conf();
+    torch::manual_seed(7);
+    ChunkSizedParams actor, critic;
+    spillway::set_process_group(connect(*env));
+    spillway::manage(actor);
+    spillway::manage(critic);
+    const std::vector<torch::Tensor>& p = critic.params;
+    std::vector<bool> grad_at_p0;
+    torch::Tensor p5_grad_at_p0;
+    p[0].register_hook([&](torch::Tensor grad) {
+      for (const auto& param : p) grad_at_p0.push_back(param.grad().defined());
+      if (p[5].grad().defined()) p5_grad_at_p0 = p[5].grad().detach().clone();
+      return grad;
+    });
+    torch::Tensor loss = torch::zeros({});
+    for (std::size_t i = 0; i < p.size(); ++i)
+      if (env->rank == 0 || i != 5) loss = loss + p[i].square().sum();
+    loss.backward();
+    ASSERT_EQ(grad_at_p0.size(), 6U);
+    EXPECT_FALSE(grad_at_p0[5 - env->rank]) << "the group {p4, p5} was not reduced in time";
+    if (env->rank == 1) {
+      ASSERT_TRUE(p5_grad_at_p0.defined());
+      EXPECT_TRUE(torch::allclose(p5_grad_at_p0, p[5].detach()));  // (2 p + 0) / 2
+    }
+    for (const auto& param : actor.parameters()) EXPECT_FALSE(param.grad().defined());
+    return;
+  }
+  TemporaryFolder folder;
+  run_ranks(kWorld, folder.path);
+}
+
 // Note [A backward onto a reduced gradient]: a backward between a reduction
 // and the zeroing of the gradients (the second micro-batch of an
 // accumulation outside NoSync, say) fails on the owners, naming a
