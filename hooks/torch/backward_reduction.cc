@@ -31,8 +31,14 @@
 //    then counts as expected, and the models as the hooks reach them).
 //  - Every rank's backward must reach the same models, though not the same
 //    parameters (DDP asks as much of its modules): a model one rank's
-//    backward reaches and another's does not is reduced on one side only,
-//    and the ranks' collectives no longer match.
+//    backward reaches and another's does not would be reduced on one side
+//    only, and the ranks' collectives would no longer match. So the
+//    backward's first collectives compare the layouts and then the models
+//    each rank's backward reaches, and ranks that differ all fail there,
+//    naming the model. (A rank whose backward reaches no managed model at
+//    all takes no part; the others' first collective then fails at the
+//    group's timeout, naming it: Note [A failed collective names the
+//    missing ranks].)
 //  - One group's collective is in flight at a time: the next group waits for
 //    it before starting, so staging memory stays one group's, as when the
 //    reduction followed backward. What other ranks own is dropped as soon as
@@ -47,11 +53,17 @@
 //    too, so it is not supported under data parallel training.
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
+#include <stdexcept>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/graph_task.h>
@@ -75,6 +87,7 @@ struct Slot {
 // One backward's reduction; guarded by the collectives' turn.
 struct BackwardReduction {
   bool active = false;
+  bool graph_known = false;  // reached comes from autograd's graph, not the hooks
   int graph_task = -1;
   std::vector<RankLayout> layouts;
   std::vector<bool> reached;  // per layout: this backward wrote one of its gradients
@@ -113,6 +126,7 @@ void start_backward(BackwardReduction& state, c10d::ProcessGroup& group, int gra
   // Null where autograd does not say: every parameter is then expected.
   const std::unordered_set<torch::autograd::Node*>* in_graph =
       torch::autograd::get_current_graph_task_nodes_in_graph();
+  state.graph_known = in_graph != nullptr;
   for (std::size_t l = 0; l < state.layouts.size(); ++l) {
     const std::vector<ChunkGroup>& groups = state.layouts[l].groups;
     const std::size_t first_slot = state.order.size();
@@ -145,10 +159,34 @@ void finish_in_flight(BackwardReduction& state) {
   mark_gradients_reduced(state.layouts[slot.layout].groups[slot.group]);
 }
 
+// Throws, on every rank alike, when the ranks' backwards reach different
+// models (a collective).
+void check_same_models_reached(c10d::ProcessGroup& group, const BackwardReduction& state) {
+  const auto count = static_cast<std::int64_t>(state.layouts.size());
+  at::Tensor mine = at::zeros({count}, at::kLong);
+  for (std::int64_t l = 0; l < count; ++l)
+    mine[l] = state.reached[static_cast<std::size_t>(l)] ? 1 : 0;
+  const at::Tensor all =
+      all_gather_rows(group, mine, "comparing the models each rank's backward reaches");
+  for (std::int64_t l = 0; l < count; ++l) {
+    std::vector<int> reaching, not_reaching;
+    for (int rank = 0; rank < group.getSize(); ++rank)
+      (all[rank][l].item<std::int64_t>() != 0 ? reaching : not_reaching).push_back(rank);
+    if (reaching.empty() || not_reaching.empty()) continue;
+    throw std::runtime_error(fmt::format(
+        "spillway data parallel: the backward of rank(s) {} reaches model '{}' and that of "
+        "rank(s) {} does not. Every rank's backward must reach the same models (their "
+        "parameters may differ), since each model's gradients are reduced across all ranks",
+        fmt::join(reaching, ", "), state.layouts[static_cast<std::size_t>(l)].client_name,
+        fmt::join(not_reaching, ", ")));
+  }
+}
+
 void reduce_slot(BackwardReduction& state, c10d::ProcessGroup& group, std::size_t index) {
   if (!state.begun) {
     begin_operation(group);
     check_layouts_agree(group, state.layouts);
+    if (state.graph_known) check_same_models_reached(group, state);
     state.begun = true;
   }
   finish_in_flight(state);

@@ -60,19 +60,20 @@ std::string describe(const ManagedParam& managed, const TensorInfo& info, std::s
                      stepped_by_owner(managed) ? "" : ", not trained", chunk_index, info.offset);
 }
 
-// All ranks' rows of `row` (int64), world_size x row.numel(), on the CPU.
-at::Tensor all_gather_rows(c10d::ProcessGroup& group, const at::Tensor& row) {
+constexpr std::string_view kComparingLayouts = "comparing the ranks' layouts";
+
+}  // namespace
+
+at::Tensor all_gather_rows(c10d::ProcessGroup& group, const at::Tensor& row,
+                           std::string_view what) {
   // Note [The device collectives take]
   std::vector<at::Tensor> input{row.contiguous().to(collective_device(group))};
   std::vector<std::vector<at::Tensor>> output(1);
   for (int rank = 0; rank < group.getSize(); ++rank) output[0].push_back(at::empty_like(input[0]));
-  run_collective(group, "comparing the ranks' layouts",
-                 all_gather_payload(input[0].nbytes(), group.getSize()),
+  run_collective(group, what, all_gather_payload(input[0].nbytes(), group.getSize()),
                  [&] { return group.allgather(output, input); });
   return at::stack(output[0]).cpu();
 }
-
-}  // namespace
 
 std::vector<RankLayout> rank_layouts(ChunkManager& chunks, int world_size,
                                      std::optional<ClientId> only) {
@@ -147,7 +148,8 @@ void check_layouts_agree(c10d::ProcessGroup& group, const std::vector<RankLayout
   const at::Tensor summary = all_gather_rows(
       group,
       at::tensor({static_cast<std::int64_t>(lines.size()), static_cast<std::int64_t>(combined)},
-                 at::kLong));
+                 at::kLong),
+      kComparingLayouts);
   if (summary.eq(summary[0]).all().item<bool>()) return;
 
   // They differ: find the first line that does, with one more collective
@@ -157,7 +159,7 @@ void check_layouts_agree(c10d::ProcessGroup& group, const std::vector<RankLayout
   mine[0] = static_cast<std::int64_t>(lines.size());
   for (std::size_t i = 0; i < hashes.size(); ++i)
     mine[static_cast<std::int64_t>(i) + 1] = hashes[i];
-  const at::Tensor all = all_gather_rows(group, mine);
+  const at::Tensor all = all_gather_rows(group, mine, kComparingLayouts);
   const int rank = group.getRank();
   std::int64_t first = longest;
   int differing_rank = -1;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -41,6 +42,10 @@ struct RankLayout {
 // optimizers), in the order they were added; `only` limits them to one.
 std::vector<RankLayout> rank_layouts(ChunkManager& chunks, int world_size,
                                      std::optional<ClientId> only = std::nullopt);
+
+// All ranks' rows of `row` (int64), world_size x row.numel(), on the CPU (a
+// collective; `what` names it in an error).
+at::Tensor all_gather_rows(c10d::ProcessGroup& group, const at::Tensor& row, std::string_view what);
 
 // Compares the layouts across the group's ranks (a collective: every rank
 // calls it with its own). Throws std::runtime_error naming the first

@@ -1135,6 +1135,21 @@ TEST(DataParallel, GroupsAreReducedWhileBackwardRuns) {
   run_ranks(kWorld, folder.path);
 }
 
+// Two models managed in turn on a rank: the actor (client #0), then the
+// critic (client #1).
+struct ActorAndCritic {
+  explicit ActorAndCritic(const RankEnvironment& env) {
+    use_conf();
+    torch::manual_seed(7);
+    actor = std::make_unique<ChunkSizedParams>();
+    critic = std::make_unique<ChunkSizedParams>();
+    spillway::set_process_group(connect(env));
+    spillway::manage(*actor);
+    spillway::manage(*critic);
+  }
+  std::unique_ptr<ChunkSizedParams> actor, critic;
+};
+
 // Note [Reducing while backward runs]: which gradients a backward writes is
 // known when it starts. Two models, the critic added after the actor; a
 // backward of the critic's loss alone, which on rank 1 leaves out p5. The
@@ -1145,12 +1160,9 @@ TEST(DataParallel, GroupsAreReducedWhileBackwardRuns) {
 TEST(DataParallel, WhatABackwardDoesNotReachHoldsNothingBack) {
   constexpr int kWorld = 2;
   if (auto env = rank_environment()) {
-    use_conf();
-    torch::manual_seed(7);
-    ChunkSizedParams actor, critic;
-    spillway::set_process_group(connect(*env));
-    spillway::manage(actor);
-    spillway::manage(critic);
+    ActorAndCritic models(*env);
+    ChunkSizedParams& actor = *models.actor;
+    ChunkSizedParams& critic = *models.critic;
     const std::vector<torch::Tensor>& p = critic.params;
     std::vector<bool> grad_at_p0;
     torch::Tensor p5_grad_at_p0;
@@ -1170,6 +1182,32 @@ TEST(DataParallel, WhatABackwardDoesNotReachHoldsNothingBack) {
       EXPECT_TRUE(torch::allclose(p5_grad_at_p0, p[5].detach()));  // (2 p + 0) / 2
     }
     for (const auto& param : actor.parameters()) EXPECT_FALSE(param.grad().defined());
+    return;
+  }
+  TemporaryFolder folder;
+  run_ranks(kWorld, folder.path);
+}
+
+// Note [Reducing while backward runs]: ranks whose backwards reach different
+// models fail at the backward's first collectives, every one of them, naming
+// the model and the ranks on each side, instead of issuing reductions that
+// do not match.
+TEST(DataParallel, BackwardsReachingDifferentModelsAreRefusedByName) {
+  constexpr int kWorld = 2;
+  if (auto env = rank_environment()) {
+    ActorAndCritic models(*env);
+    ChunkSizedParams& actor = *models.actor;
+    ChunkSizedParams& critic = *models.critic;
+    std::string message = "did not throw";
+    try {
+      (env->rank == 0 ? actor.loss(1.0) + critic.loss(1.0) : actor.loss(1.0)).backward();
+    } catch (const std::exception& e) {
+      message = e.what();
+    }
+    EXPECT_NE(message.find("the backward of rank(s) 0 reaches model"), std::string::npos)
+        << message;
+    // The critic is the second client ("torch#1").
+    EXPECT_NE(message.find("#1' and that of rank(s) 1 does not"), std::string::npos) << message;
     return;
   }
   TemporaryFolder folder;
