@@ -760,6 +760,69 @@ struct Elementwise : torch::nn::Module {
   torch::Tensor weight, bias;
 };
 
+// The engine with gradient_accumulation_steps 2 on two ranks: its backward
+// runs inside NoSync but at the window's last micro-batch (Note [Reducing
+// while backward runs]), so each window is reduced once, and the ranks end
+// bit for bit where one process ends that sums each rank's scaled
+// micro-batches, then the ranks in order, and divides by 2. Without NoSync
+// the second micro-batch's backward would throw.
+TEST(DataParallel, TheEnginesAccumulationReducesOncePerWindow) {
+  constexpr int kWorld = 2;
+  constexpr int kSteps = 2;
+  constexpr int kMicroBatches = 2;
+  const auto input = [](int step, int rank, int micro) {
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(100 * step + 10 * micro + rank);
+    return at::randn({Elementwise::kSize}, generator);
+  };
+  const auto loss_of = [](Elementwise& model, const torch::Tensor& x) {
+    return (model.forward(x) - 0.25).pow(2).sum();
+  };
+  if (auto env = rank_environment()) {
+    use_conf();
+    spillway::set_process_group(connect(*env));
+    auto engine = spillway::initialize(std::make_shared<Elementwise>(), R"({
+        "optimizer": {"type": "SGD", "params": {"lr": 0.01}},
+        "gradient_accumulation_steps": 2})");
+    for (int step = 0; step < kSteps; ++step)
+      for (int micro = 0; micro < kMicroBatches; ++micro) {
+        engine.backward(loss_of(*engine.module(), input(step, env->rank, micro)));
+        engine.step();
+      }
+    torch::save(std::vector<torch::Tensor>{engine.module()->weight.detach().clone(),
+                                           engine.module()->bias.detach().clone()},
+                result_path(env->folder, env->rank));
+    return;
+  }
+  TemporaryFolder folder;
+  run_ranks(kWorld, folder.path);
+  if (::testing::Test::HasFailure()) return;
+
+  Elementwise oracle;
+  std::vector<torch::Tensor> params{oracle.weight, oracle.bias};
+  torch::optim::SGD optimizer(params, torch::optim::SGDOptions(0.01));
+  for (int step = 0; step < kSteps; ++step) {
+    std::vector<torch::Tensor> sums(params.size());
+    for (int rank = 0; rank < kWorld; ++rank) {
+      optimizer.zero_grad();
+      for (int micro = 0; micro < kMicroBatches; ++micro)  // scaled as the engine scales
+        (loss_of(oracle, input(step, rank, micro)).to(torch::kFloat) * (1.0 / kMicroBatches))
+            .backward();
+      for (std::size_t i = 0; i < params.size(); ++i)
+        sums[i] = rank == 0 ? params[i].grad().clone() : sums[i].add_(params[i].grad());
+    }
+    for (std::size_t i = 0; i < params.size(); ++i)
+      params[i].mutable_grad() = sums[i].div_(static_cast<double>(kWorld));
+    optimizer.step();
+  }
+  for (int rank = 0; rank < kWorld; ++rank) {
+    std::vector<torch::Tensor> got;
+    torch::load(got, result_path(folder.path, rank));
+    ASSERT_EQ(got.size(), params.size());
+    for (std::size_t i = 0; i < params.size(); ++i)
+      EXPECT_TRUE(same_bits(got[i], params[i].detach())) << "rank " << rank << ", parameter " << i;
+  }
+}
+
 // The engine under fp16 with clipping, on two ranks: at step 1 rank 1's
 // batch overflows its gradients while rank 0's stay finite. The loss scaler
 // must skip that step on both ranks, and the norm each rank clips by must
