@@ -10,7 +10,8 @@ whose step OVERFLOW_STEP overflows on the last rank only); "save" (Adam,
 then spillway.save_checkpoint to CHECKPOINT); "resume" (Adam from
 spillway.load_checkpoint of CHECKPOINT, steps STEPS to 2 STEPS - 1; a world
 of 1 runs without torch.distributed); "accumulate" (SGD, MICRO_BATCHES
-micro-batches per step, all but the last inside spillway.no_sync()).
+micro-batches per step, all but the last inside spillway.no_sync());
+"unsynced" (two micro-batches' backwards without it, saving the error).
 """
 
 import sys
@@ -63,6 +64,19 @@ def state_of(optimizer, param):
     return [state[key].clone() for key in sorted(state) if torch.is_tensor(state[key])]
 
 
+def accumulate_without_no_sync(model, rank, folder):
+    """Two micro-batches' backwards, neither inside spillway.no_sync(): the
+    second adds to gradients the first reduced. Saves what it raised."""
+    message = "did not raise"
+    try:
+        for micro in range(MICRO_BATCHES):
+            x, y = batch(0, rank, micro)
+            F.mse_loss(model(x), y).backward()
+    except RuntimeError as error:
+        message = str(error)
+    torch.save({"error": message}, f"{folder}/rank{rank}.pt")
+
+
 def main():
     rank, world, folder, kind = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     checkpoint = sys.argv[5] if len(sys.argv) > 5 else None
@@ -77,6 +91,10 @@ def main():
                                 world_size=world)
     model = make_model()
     spillway.manage(model)  # torch.distributed's default group
+    if kind == "unsynced":
+        accumulate_without_no_sync(model, rank, folder)
+        dist.destroy_process_group()
+        return
     optimizer = make_optimizer(kind, model.parameters())
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8) if kind == "amp" else None
     norms, scales, finite = [], [], []

@@ -122,6 +122,16 @@ def assert_matches(results, expected_params, expected_states):
             assert torch.equal(mine, theirs), f"parameter {i}, state on rank {holders[0]}"
 
 
+def test_accumulating_without_no_sync_raises_naming_it(tmp_path):
+    """The second micro-batch's backward outside spillway.no_sync() would add
+    to gradients the first reduced (Note [A backward onto a reduced
+    gradient]): backward raises, on the owners, naming no_sync()."""
+    results = run_ranks(2, tmp_path / "ranks", "unsynced")
+    for rank, result in enumerate(results):
+        assert "after it was reduced across ranks" in result["error"], (rank, result["error"])
+        assert "no_sync()" in result["error"], (rank, result["error"])
+
+
 def test_a_checkpoint_by_owner_resumes_at_any_world_size(tmp_path):
     """Saved at N = 2 (Note [Checkpoints by owner]): each rank's shard holds
     what it owns, once; resumed at N = 1 (no process group), N = 2 and
