@@ -15,46 +15,63 @@
 //  - Which gradients this backward will write is known when it starts: the
 //    parameters whose gradient accumulator is among the graph task's nodes
 //    (and, for a backward with `inputs`, is to run). The first hook reads
-//    them, so the models this backward reaches are known, and a group's
-//    gradients are all written when the accumulation post hook
-//    (grad_binding.cc) of each of those parameters in it has run: autograd
-//    runs it once per backward, after the last contribution. A parameter
-//    this rank's micro-batch does not reach does not hold its group back.
-//  - Only the models this backward reaches are in the order, so a model
-//    added later than one it does not reach (a critic's backward) overlaps
-//    as well.
+//    them, and a group's gradients are all written when the accumulation
+//    post hook (grad_binding.cc) of each of those parameters in it has run:
+//    autograd runs it once per backward, after the last contribution. A
+//    parameter this rank's micro-batch does not reach does not hold its
+//    group back.
+//  - The order is the groups that some rank's backward writes: when this
+//    rank's first group is written, one small all-gather compares the
+//    models each rank's backward reaches and which groups each writes; the
+//    union, in the fixed order, is what every rank then reduces. So a model
+//    added later than one the backward does not reach (a critic's
+//    backward) overlaps as well, and a backward that writes few groups
+//    reduces few.
 //  - At the end of backward (an autograd final callback, queued by the first
-//    hook), every group not yet reduced of every model this backward reached
-//    is reduced, in the same order. After a backward that ran to the end
-//    nothing is left; it is the rule that keeps the ranks' sequences equal
-//    should autograd's graph not say (another engine, say: every parameter
-//    then counts as expected, and the models as the hooks reach them).
+//    hook), every group of the order not yet reduced is reduced. After a
+//    backward that ran to the end nothing is left; it is the rule that keeps
+//    the ranks' sequences equal should autograd's graph not say (another
+//    engine, say: every parameter then counts as expected, every group of
+//    every model is in the order, and the models count as reached as the
+//    hooks reach them).
 //  - Every rank's backward must reach the same models, though not the same
 //    parameters (DDP asks as much of its modules): a model one rank's
 //    backward reaches and another's does not would be reduced on one side
-//    only, and the ranks' collectives would no longer match. So the
-//    backward's first collectives compare the layouts and then the models
-//    each rank's backward reaches, and ranks that differ all fail there,
-//    naming the model. (A rank whose backward reaches no managed model at
-//    all takes no part; the others' first collective then fails at the
-//    group's timeout, naming it: Note [A failed collective names the
-//    missing ranks].)
-//  - One group's collective is in flight at a time: the next group waits for
-//    it before starting, so staging memory stays one group's, as when the
-//    reduction followed backward. What other ranks own is dropped as soon as
-//    it is sent, during backward.
+//    only. Ranks that differ all fail at that first all-gather, naming the
+//    model. (A rank whose backward reaches no managed model at all takes no
+//    part; the others' first collective then fails at the group's timeout,
+//    naming it: Note [A failed collective names the missing ranks].)
+//  - Backwards nest: a reentrant activation checkpoint recomputes its
+//    segment in its backward and runs a backward of its own through it,
+//    another graph task, inside the outer one. Each running backward has
+//    its own state (outermost first), its own order (the groups its
+//    segment writes) and its own end callback. A group whose parameters
+//    span segments is reduced by each backward that writes some of them;
+//    a reduction sends only what was written since the last and leaves
+//    the owner's other gradients as they are (Note [A reduction sends what
+//    backward wrote since the last] in data_parallel.cc), so that is
+//    exact. A parameter used both inside and outside a checkpoint is
+//    written twice by one backward; the second write, should it come while
+//    the first's reduction is in flight, is refused (Note [No write to a
+//    gradient in flight], data_parallel.cc).
+//  - One group's collective is in flight at a time, whichever backward
+//    started it: the next waits for it before starting, so staging memory
+//    stays one group's. What other ranks own is dropped as soon as it is
+//    sent, during backward.
 //  - Inside no_sync() (the micro-batches of an accumulation window but the
 //    last) backward only accumulates; the last backward reduces what all of
 //    them wrote, and reduce_gradients() (the optimizer's pre-hook) whatever
-//    models the last did not reach.
-//  - A backward that fails part way leaves its state behind; the next
-//    backward (another graph task) starts afresh. A backward nested in a
-//    backward (reentrant activation checkpointing) is another graph task
-//    too, so it is not supported under data parallel training.
+//    groups the last did not write.
+//  - A backward that fails part way never runs its end callback. Its state
+//    goes when the next backward starts: the callback, which autograd
+//    destroys with the graph task, holds the token that keeps the state
+//    alive. An error in our own hooks clears every state.
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <optional>
+#include <iterator>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -77,30 +94,40 @@ namespace {
 
 std::atomic<int> no_sync_depth{0};
 
-// One chunk group in the order of reduction.
+// One chunk group of a layout, a candidate for the order of reduction.
 struct Slot {
   std::size_t layout = 0;
   std::size_t group = 0;
-  int unwritten = 0;  // its stepped parameters whose gradient this backward has not written
+  int unwritten = 0;      // its stepped parameters whose gradient this backward has not written
+  bool expected = false;  // this backward writes one of them
 };
 
-// One backward's reduction; guarded by the collectives' turn.
+// One backward's reduction (one graph task); guarded by the collectives' turn.
 struct BackwardReduction {
-  bool active = false;
-  bool graph_known = false;  // reached comes from autograd's graph, not the hooks
   int graph_task = -1;
+  bool graph_known = false;  // expected and reached come from autograd's graph, not the hooks
   std::vector<RankLayout> layouts;
-  std::vector<bool> reached;  // per layout: this backward wrote one of its gradients
-  std::vector<Slot> order;
+  std::vector<bool> reached;  // per layout: this backward writes one of its gradients
+  std::vector<Slot> slots;    // every layout's groups: layouts in order, groups last first
   std::unordered_map<const ManagedParam*, std::size_t> slot_of;  // until written
-  std::size_t next = 0;                                          // the first slot not reduced
-  bool begun = false;  // the operation counted and the layouts compared
-  GroupReduction in_flight;
-  std::optional<std::size_t> in_flight_slot;
+  std::vector<std::size_t> order;                                // the slots to reduce, in order
+  std::size_t next = 0;                                          // the first of `order` not reduced
+  bool begun = false;  // the operation counted, the ranks' expectations compared
+  // Expires when autograd destroys the graph task (and the end callback,
+  // which holds it): whether the backward still runs, ended or failed.
+  std::weak_ptr<const void> task_alive;
 };
 
-BackwardReduction& backward_reduction() {
-  static BackwardReduction* const state = new BackwardReduction();  // never destroyed
+// The backwards under way, outermost first: a reentrant checkpoint's
+// backward runs nested in the one that reached it. One collective is in
+// flight at a time, whichever backward started it.
+struct BackwardReductions {
+  std::vector<std::unique_ptr<BackwardReduction>> running;
+  GroupReduction in_flight;
+};
+
+BackwardReductions& backward_reductions() {
+  static BackwardReductions* const state = new BackwardReductions();  // never destroyed
   return *state;
 }
 
@@ -117,58 +144,62 @@ bool runs_accumulator(const ManagedParam& managed,
   return found != exec_info->end() && found->second.should_execute();
 }
 
-void start_backward(BackwardReduction& state, c10d::ProcessGroup& group, int graph_task) {
-  state = BackwardReduction{};
-  state.active = true;
-  state.graph_task = graph_task;
-  state.layouts = rank_layouts(active_chunk_manager(), group.getSize());
-  state.reached.assign(state.layouts.size(), false);
+std::unique_ptr<BackwardReduction> start_backward(c10d::ProcessGroup& group, int graph_task) {
+  auto state = std::make_unique<BackwardReduction>();
+  state->graph_task = graph_task;
+  state->layouts = rank_layouts(active_chunk_manager(), group.getSize());
+  state->reached.assign(state->layouts.size(), false);
   // Null where autograd does not say: every parameter is then expected.
   const std::unordered_set<torch::autograd::Node*>* in_graph =
       torch::autograd::get_current_graph_task_nodes_in_graph();
-  state.graph_known = in_graph != nullptr;
-  for (std::size_t l = 0; l < state.layouts.size(); ++l) {
-    const std::vector<ChunkGroup>& groups = state.layouts[l].groups;
-    const std::size_t first_slot = state.order.size();
+  state->graph_known = in_graph != nullptr;
+  for (std::size_t l = 0; l < state->layouts.size(); ++l) {
+    const std::vector<ChunkGroup>& groups = state->layouts[l].groups;
     for (std::size_t g = groups.size(); g-- > 0;) {
-      Slot slot{l, g, 0};
+      Slot slot{l, g, 0, false};
       for (const auto& member : groups[g].members)
         for (const auto& managed : member) {
           if (!stepped_by_owner(*managed)) continue;
           if (in_graph != nullptr) {
             if (!runs_accumulator(*managed, *in_graph)) continue;
-            state.reached[l] = true;
+            state->reached[l] = true;
           }
-          state.slot_of.emplace(managed.get(), state.order.size());
+          state->slot_of.emplace(managed.get(), state->slots.size());
           ++slot.unwritten;
         }
-      state.order.push_back(slot);
+      slot.expected = slot.unwritten > 0;
+      state->slots.push_back(slot);
     }
-    if (in_graph != nullptr && !state.reached[l])
-      state.order.resize(first_slot);  // not reached: not in the order
   }
+  // Without the graph, every group, as the hooks reach their models;
+  // with it, the order comes from every rank's expectations (begin).
+  if (!state->graph_known)
+    for (std::size_t i = 0; i < state->slots.size(); ++i) state->order.push_back(i);
+  return state;
 }
 
-void finish_in_flight(BackwardReduction& state) {
-  if (!state.in_flight_slot) return;
-  const Slot& slot = state.order[*state.in_flight_slot];
-  state.in_flight_slot.reset();
-  GroupReduction reduction = std::move(state.in_flight);
-  state.in_flight = GroupReduction();
+void finish_in_flight(BackwardReductions& reductions) {
+  GroupReduction reduction = std::move(reductions.in_flight);
+  reductions.in_flight = GroupReduction();
   reduction.finish();
-  mark_gradients_reduced(state.layouts[slot.layout].groups[slot.group]);
 }
 
-// Throws, on every rank alike, when the ranks' backwards reach different
-// models (a collective).
-void check_same_models_reached(c10d::ProcessGroup& group, const BackwardReduction& state) {
-  const auto count = static_cast<std::int64_t>(state.layouts.size());
-  at::Tensor mine = at::zeros({count}, at::kLong);
-  for (std::int64_t l = 0; l < count; ++l)
+// With the graph known: compares the models each rank's backward reaches
+// (throwing, on every rank alike, when they differ) and orders the groups
+// any rank's backward writes (a collective). A group no rank writes is
+// left out: a reentrant checkpoint's backward reduces only its own
+// segment's groups.
+void agree_on_order(c10d::ProcessGroup& group, BackwardReduction& state) {
+  const auto layouts = static_cast<std::int64_t>(state.layouts.size());
+  const auto slots = static_cast<std::int64_t>(state.slots.size());
+  at::Tensor mine = at::zeros({layouts + slots}, at::kLong);
+  for (std::int64_t l = 0; l < layouts; ++l)
     mine[l] = state.reached[static_cast<std::size_t>(l)] ? 1 : 0;
+  for (std::int64_t i = 0; i < slots; ++i)
+    mine[layouts + i] = state.slots[static_cast<std::size_t>(i)].expected ? 1 : 0;
   const at::Tensor all =
       all_gather_rows(group, mine, "comparing the models each rank's backward reaches");
-  for (std::int64_t l = 0; l < count; ++l) {
+  for (std::int64_t l = 0; l < layouts; ++l) {
     std::vector<int> reaching, not_reaching;
     for (int rank = 0; rank < group.getSize(); ++rank)
       (all[rank][l].item<std::int64_t>() != 0 ? reaching : not_reaching).push_back(rank);
@@ -180,73 +211,111 @@ void check_same_models_reached(c10d::ProcessGroup& group, const BackwardReductio
         fmt::join(reaching, ", "), state.layouts[static_cast<std::size_t>(l)].client_name,
         fmt::join(not_reaching, ", ")));
   }
+  const at::Tensor anyone = all.narrow(1, layouts, slots).amax(0);
+  for (std::int64_t i = 0; i < slots; ++i)
+    if (anyone[i].item<std::int64_t>() != 0) state.order.push_back(static_cast<std::size_t>(i));
 }
 
-void reduce_slot(BackwardReduction& state, c10d::ProcessGroup& group, std::size_t index) {
-  if (!state.begun) {
-    begin_operation(group);
-    check_layouts_agree(group, state.layouts);
-    if (state.graph_known) check_same_models_reached(group, state);
-    state.begun = true;
+void begin(BackwardReductions& reductions, BackwardReduction& state, c10d::ProcessGroup& group) {
+  if (state.begun) return;
+  finish_in_flight(reductions);
+  begin_operation(group);
+  check_layouts_agree(group, state.layouts);
+  if (state.graph_known) agree_on_order(group, state);
+  state.begun = true;
+}
+
+void reduce_slot(BackwardReductions& reductions, BackwardReduction& state,
+                 c10d::ProcessGroup& group, std::size_t index) {
+  begin(reductions, state, group);
+  finish_in_flight(reductions);
+  const Slot& slot = state.slots[index];
+  reductions.in_flight = start_group_reduction(active_chunk_manager(), group,
+                                               state.layouts[slot.layout].groups[slot.group]);
+}
+
+// Whether the first group this rank's backward writes is written: where
+// the ranks agree on the order, at the time the first group would have
+// gone had the order been this rank's alone.
+bool first_expected_written(const BackwardReduction& state) {
+  for (const Slot& slot : state.slots)
+    if (slot.expected) return slot.unwritten == 0;
+  return false;
+}
+
+// Reduces the slots of the order from `next` on that are ready, in order.
+void reduce_ready(BackwardReductions& reductions, BackwardReduction& state,
+                  c10d::ProcessGroup& group) {
+  if (state.graph_known && !state.begun) {
+    if (!first_expected_written(state)) return;
+    begin(reductions, state, group);
   }
-  finish_in_flight(state);
-  const Slot& slot = state.order[index];
-  state.in_flight = start_group_reduction(active_chunk_manager(), group,
-                                          state.layouts[slot.layout].groups[slot.group]);
-  state.in_flight_slot = index;
-}
-
-// Reduces the slots from `next` on that are ready, in order.
-void reduce_ready(BackwardReduction& state, c10d::ProcessGroup& group) {
   while (state.next < state.order.size()) {
-    const Slot& slot = state.order[state.next];
+    const Slot& slot = state.slots[state.order[state.next]];
     if (!state.reached[slot.layout] || slot.unwritten > 0) return;
-    reduce_slot(state, group, state.next++);
+    reduce_slot(reductions, state, group, state.order[state.next++]);
   }
 }
 
-// The end of the backward: every group left of every model it reached.
+// The running backward of `graph_task`, or end().
+auto find_running(BackwardReductions& reductions, int graph_task) {
+  return std::find_if(reductions.running.begin(), reductions.running.end(),
+                      [&](const auto& state) { return state->graph_task == graph_task; });
+}
+
+// The end of a backward: every group left of every model it reached. Those
+// nested in it that never ended (failed) go with it.
 void reduce_the_rest(int graph_task) {
   CollectivesTurn turn = take_collectives_turn();
-  BackwardReduction& state = backward_reduction();
-  if (!state.active || state.graph_task != graph_task) return;
+  BackwardReductions& reductions = backward_reductions();
+  const auto found = find_running(reductions, graph_task);
+  if (found == reductions.running.end()) return;
   try {
+    BackwardReduction& state = **found;
     if (turn.group) {
+      if (state.graph_known) begin(reductions, state, *turn.group);
       for (; state.next < state.order.size(); ++state.next)
-        if (state.reached[state.order[state.next].layout])
-          reduce_slot(state, *turn.group, state.next);
-      finish_in_flight(state);
+        if (state.reached[state.slots[state.order[state.next]].layout])
+          reduce_slot(reductions, state, *turn.group, state.order[state.next]);
+      finish_in_flight(reductions);
     }
   } catch (...) {
-    state = BackwardReduction{};
+    reductions = BackwardReductions{};
     throw;
   }
-  state = BackwardReduction{};
+  reductions.running.erase(found, reductions.running.end());
 }
 
 }  // namespace
 
 void reduce_as_backward_completes(const ManagedParam& managed) {
-  if (no_sync_depth.load(std::memory_order_acquire) > 0) return;
+  if (no_sync_depth.load(std::memory_order_acquire) > 0 || !data_parallel_group_set()) return;
   CollectivesTurn turn = take_collectives_turn();
   if (!turn.group) return;
-  BackwardReduction& state = backward_reduction();
+  BackwardReductions& reductions = backward_reductions();
   const int graph_task = torch::autograd::get_current_graph_task_id();
   try {
-    if (!state.active || state.graph_task != graph_task) {
-      start_backward(state, *turn.group, graph_task);
+    auto found = find_running(reductions, graph_task);
+    if (found == reductions.running.end()) {
+      std::erase_if(reductions.running,
+                    [](const auto& state) { return state->task_alive.expired(); });
+      reductions.running.push_back(start_backward(*turn.group, graph_task));
+      found = std::prev(reductions.running.end());
+      auto task_alive = std::make_shared<const int>(0);
+      (*found)->task_alive = task_alive;
       torch::autograd::Engine::get_default_engine().queue_callback(
-          [graph_task] { reduce_the_rest(graph_task); });
+          [graph_task, task_alive = std::move(task_alive)] { reduce_the_rest(graph_task); });
     }
-    const auto found = state.slot_of.find(&managed);
-    if (found == state.slot_of.end()) return;  // managed since this backward began
-    Slot& slot = state.order[found->second];
-    state.slot_of.erase(found);
+    BackwardReduction& state = **found;
+    const auto slot_of = state.slot_of.find(&managed);
+    if (slot_of == state.slot_of.end()) return;  // managed since this backward began
+    Slot& slot = state.slots[slot_of->second];
+    state.slot_of.erase(slot_of);
     state.reached[slot.layout] = true;
     --slot.unwritten;
-    reduce_ready(state, *turn.group);
+    reduce_ready(reductions, state, *turn.group);
   } catch (...) {
-    state = BackwardReduction{};
+    reductions = BackwardReductions{};
     throw;
   }
 }

@@ -40,11 +40,13 @@
 // pre-hook. A second reduction would divide the mean by N again, so
 // reducing must be idempotent. Each parameter's gradient_unreduced flag is
 // set by its gradient accumulator's post hook (every backward that reaches
-// it) and at manage(), and cleared when its model is reduced. Whether a
-// model is reduced is decided by all ranks together: one all-reduce (max)
-// of each model's "some flag set" before the all-to-alls, so a rank whose
-// backward reached none of a model's parameters still joins its reduction,
-// and a reduction with nothing written since the last is skipped by all.
+// it) and at manage(), and cleared when its group's gradients are packed
+// for a reduction (Note [A reduction sends what backward wrote since the
+// last]). Whether a model is reduced is decided by all ranks together: one
+// all-reduce (max) of each model's "some flag set" before the all-to-alls,
+// so a rank whose backward reached none of a model's parameters still joins
+// its reduction, and a reduction with nothing written since the last is
+// skipped by all.
 //
 // Note [A backward onto a reduced gradient]
 // After a reduction the owner's gradient is the mean over the ranks. A
@@ -73,6 +75,7 @@
 #include "hooks/torch/data_parallel.h"
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -97,6 +100,9 @@ namespace {
 struct DataParallelState {
   std::mutex mutex;  // serialises the collectives: one sequence per process
   c10::intrusive_ptr<c10d::ProcessGroup> group;
+  // Whether `group` is set, read without the lock: every gradient
+  // accumulation asks (reduce_as_backward_completes), with or without one.
+  std::atomic<bool> has_group{false};
   std::uint64_t operations = 0;  // Note [A failed collective names the missing ranks]
   GradientReduction reduction = GradientReduction::by_device;
 };
@@ -253,16 +259,73 @@ at::Tensor values_at(const at::Tensor& bytes, std::int64_t offset, std::int64_t 
   return bytes.narrow(0, offset, count * size).view(dtype);
 }
 
-// Copies `managed`'s gradient, flat, into `slot` (converting its dtype), or
-// zeros where it has none; whether it had one.
+// Note [A reduction sends what backward wrote since the last]
+// A parameter's gradient takes part in a reduction only when a backward
+// wrote it since the group was last reduced (its gradient_unreduced flag);
+// where no rank did, the owner's gradient stays as it is. So reducing a
+// group again within one backward is harmless: what an earlier reduction
+// left (the owner's mean) is neither sent again nor overwritten. Reentrant
+// activation checkpointing needs that: each checkpointed segment's
+// recomputation is a backward of its own, nested in the outer one (Note
+// [Reducing while backward runs]), and a chunk group whose parameters span
+// segments is reduced once per backward that writes some of them. The flags
+// are cleared when a group's gradients are packed, not when its collective
+// ends, so a write after the packing is reduced next time; on the owner,
+// such a write would be overwritten by the mean, so it is refused (Note
+// [No write to a gradient in flight]).
+bool contributes(const ManagedParam& managed) {
+  return managed.param.grad().defined() &&
+         managed.gradient_unreduced.load(std::memory_order_acquire);
+}
+
+// Copies `managed`'s gradient, flat, into `slot` (converting its dtype)
+// where it contributes to this reduction, else zeros; whether it does.
 bool copy_gradient(const ManagedParam& managed, at::Tensor slot) {
-  const at::Tensor grad = managed.param.grad();
-  if (!grad.defined()) {
+  if (!contributes(managed)) {
     slot.zero_();
     return false;
   }
-  slot.copy_(grad.reshape({-1}));
+  slot.copy_(managed.param.grad().reshape({-1}));
   return true;
+}
+
+// Note [No write to a gradient in flight]
+// The owner's gradients as they were packed. A backward that writes one of
+// them before the collective ends (a parameter used both inside and
+// outside a reentrant checkpoint, say) would be overwritten by the mean
+// and lost, where some rank sent a gradient for it; finishing the
+// reduction refuses that instead, naming the parameter. Where no rank sent
+// one, the owner's gradient is left as it is, and the write with it.
+struct PackedGradient {
+  ManagedParam* managed = nullptr;
+  at::Tensor grad;  // undefined when it had none
+  std::uint32_t version = 0;
+};
+
+std::vector<PackedGradient> packed_gradients(const std::vector<ManagedParam*>& own) {
+  std::vector<PackedGradient> packed;
+  for (ManagedParam* managed : own) {
+    at::Tensor grad = managed->param.grad();
+    const std::uint32_t version = grad.defined() ? grad._version() : 0;
+    packed.push_back({managed, std::move(grad), version});
+  }
+  return packed;
+}
+
+void check_unwritten_since_packed(const PackedGradient& before) {
+  const at::Tensor now = before.managed->param.grad();
+  if (now.unsafeGetTensorImpl() == before.grad.unsafeGetTensorImpl() &&
+      (!now.defined() || now._version() == before.version))
+    return;
+  const std::optional<TensorInfo> info =
+      active_chunk_manager().tensor_info(before.managed->param_id);
+  throw std::runtime_error(fmt::format(
+      "spillway data parallel: a backward wrote the gradient of '{}' while its chunk group's "
+      "reduction across ranks was in flight, and the mean would overwrite what it wrote. "
+      "This happens when one backward writes a gradient twice, as a parameter used both "
+      "inside and outside a reentrant activation checkpoint does: checkpoint with "
+      "use_reentrant=False, or keep the parameter on one side",
+      info.has_value() ? info->name : std::string("?")));
 }
 
 // Fills `segment` (a byte tensor) with this rank's gradients of `layout`'s
@@ -285,13 +348,14 @@ void pack_gradients(const SegmentLayout& layout, at::Tensor segment) {
 }
 
 // The owner's gradient after a reduction: `mean` (its values, flat, in any
-// floating dtype) where some rank reached the parameter, else none.
-void set_reduced_gradient(ManagedParam& managed, bool reached, const at::Tensor& mean) {
+// floating dtype) where some rank wrote the parameter's gradient since the
+// last reduction, else unchanged.
+void set_reduced_gradient(const PackedGradient& packed, bool reached, const at::Tensor& mean) {
+  // Note [A reduction sends what backward wrote since the last]
+  if (!reached) return;
+  check_unwritten_since_packed(packed);  // Note [No write to a gradient in flight]
+  ManagedParam& managed = *packed.managed;
   std::lock_guard lock(managed.grad_mutex);
-  if (!reached) {
-    managed.param.mutable_grad().reset();  // no rank reached it
-    return;
-  }
   at::Tensor target = managed.bound_grad.defined() ? managed.bound_grad : managed.param.grad();
   if (!target.defined()) target = at::empty_like(managed.param);
   target.copy_(mean.view(managed.param.sizes()));
@@ -301,10 +365,11 @@ void set_reduced_gradient(ManagedParam& managed, bool reached, const at::Tensor&
   managed.reduced_grad_version = target._version();
 }
 
-// Gives the owner, for every parameter of `layout`, the mean over the ranks
-// of the segments in `received` (one per rank, in rank order), or none
-// where no rank had a gradient.
-void write_means(const SegmentLayout& layout, const at::Tensor& received, int world) {
+// Gives the owner, for every parameter of `layout` (`packed`, in the same
+// order), the mean over the ranks of the segments in `received` (one per
+// rank, in rank order), where some rank sent a gradient.
+void write_means(const SegmentLayout& layout, const std::vector<PackedGradient>& packed,
+                 const at::Tensor& received, int world) {
   std::int64_t flag_count = 0;
   for (const GradientRun& run : layout.runs)
     flag_count += static_cast<std::int64_t>(run.params.size());
@@ -323,7 +388,9 @@ void write_means(const SegmentLayout& layout, const at::Tensor& received, int wo
     mean.div_(static_cast<double>(world));
     std::int64_t offset = 0;
     for (ManagedParam* param : run.params) {
-      set_reduced_gradient(*param, reached_by[index++], mean.narrow(0, offset, elements(*param)));
+      const auto i = static_cast<std::size_t>(index);
+      set_reduced_gradient(packed[i], reached_by[index++],
+                           mean.narrow(0, offset, elements(*param)));
       offset += elements(*param);
     }
   }
@@ -397,7 +464,10 @@ GroupReduction start_reduce_scatter(ChunkManager& chunks, c10d::ProcessGroup& gr
     members.push_back(stepped(member));
     segment = std::max(segment, widened_segment_elements(members.back()));
   }
-  if (segment == 0) return {};
+  if (segment == 0) {
+    mark_gradients_reduced(chunk_group);
+    return {};
+  }
 
   at::NoGradGuard no_grad;
   const at::ScalarType dtype = reduce_scatter_dtype(members);
@@ -407,6 +477,10 @@ GroupReduction start_reduce_scatter(ChunkManager& chunks, c10d::ProcessGroup& gr
   for (int j = 0; j < world; ++j)
     pack_widened_gradients(members[static_cast<std::size_t>(j)],
                            send.narrow(0, segment * j, segment));
+  mark_gradients_reduced(
+      chunk_group);  // Note [A reduction sends what backward wrote since the last]
+  std::vector<ManagedParam*> own = members[static_cast<std::size_t>(rank)];
+  std::vector<PackedGradient> packed = packed_gradients(own);
   at::Tensor sum = at::empty({segment}, staging);
   const std::int64_t crossing =
       segment * (world - 1) * static_cast<std::int64_t>(c10::elementSize(dtype));
@@ -417,22 +491,22 @@ GroupReduction start_reduce_scatter(ChunkManager& chunks, c10d::ProcessGroup& gr
       });
   drop_gradients_owned_elsewhere(chunks, members, rank);  // sent: the staging holds them
 
-  std::vector<ManagedParam*> own = members[static_cast<std::size_t>(rank)];
-  return GroupReduction(std::move(collective), [send, sum, own = std::move(own), world] {
-    at::NoGradGuard no_grad;
-    std::int64_t values = 0;
-    for (const ManagedParam* managed : own) values += elements(*managed);
-    const at::Tensor mean = sum.narrow(0, 0, values).div_(static_cast<double>(world));
-    const at::Tensor reached =
-        sum.narrow(0, values, static_cast<std::int64_t>(own.size())).gt(0.5).cpu();
-    const auto reached_by = reached.accessor<bool, 1>();
-    std::int64_t offset = 0;
-    for (std::size_t i = 0; i < own.size(); ++i) {
-      set_reduced_gradient(*own[i], reached_by[static_cast<std::int64_t>(i)],
-                           mean.narrow(0, offset, elements(*own[i])));
-      offset += elements(*own[i]);
-    }
-  });
+  return GroupReduction(
+      std::move(collective), [send, sum, own = std::move(own), packed = std::move(packed), world] {
+        at::NoGradGuard no_grad;
+        std::int64_t values = 0;
+        for (const ManagedParam* managed : own) values += elements(*managed);
+        const at::Tensor mean = sum.narrow(0, 0, values).div_(static_cast<double>(world));
+        const at::Tensor reached =
+            sum.narrow(0, values, static_cast<std::int64_t>(own.size())).gt(0.5).cpu();
+        const auto reached_by = reached.accessor<bool, 1>();
+        std::int64_t offset = 0;
+        for (std::size_t i = 0; i < own.size(); ++i) {
+          set_reduced_gradient(packed[i], reached_by[static_cast<std::int64_t>(i)],
+                               mean.narrow(0, offset, elements(*own[i])));
+          offset += elements(*own[i]);
+        }
+      });
 }
 
 GroupReduction start_all_to_all(ChunkManager& chunks, c10d::ProcessGroup& group,
@@ -449,7 +523,10 @@ GroupReduction start_all_to_all(ChunkManager& chunks, c10d::ProcessGroup& group,
     segment.push_back(layouts.back().bytes);
     total += layouts.back().bytes;
   }
-  if (total == 0) return {};
+  if (total == 0) {
+    mark_gradients_reduced(chunk_group);
+    return {};
+  }
 
   at::NoGradGuard no_grad;
   // Note [The device collectives take]
@@ -461,6 +538,9 @@ GroupReduction start_all_to_all(ChunkManager& chunks, c10d::ProcessGroup& group,
     pack_gradients(layouts[index], send.narrow(0, offset, segment[index]));
     offset += segment[index];
   }
+  mark_gradients_reduced(
+      chunk_group);  // Note [A reduction sends what backward wrote since the last]
+  std::vector<PackedGradient> packed = packed_gradients(members[static_cast<std::size_t>(rank)]);
   const std::int64_t own = segment[static_cast<std::size_t>(rank)];
   at::Tensor received = at::empty({own * world}, staging);
   std::vector<std::int64_t> output_splits(static_cast<std::size_t>(world), own);
@@ -471,12 +551,12 @@ GroupReduction start_all_to_all(ChunkManager& chunks, c10d::ProcessGroup& group,
   });
   drop_gradients_owned_elsewhere(chunks, members, rank);  // sent: the staging holds them
 
-  return GroupReduction(
-      std::move(collective),
-      [layout = std::move(layouts[static_cast<std::size_t>(rank)]), send, received, world] {
-        at::NoGradGuard no_grad;
-        write_means(layout, received, world);
-      });
+  return GroupReduction(std::move(collective),
+                        [layout = std::move(layouts[static_cast<std::size_t>(rank)]),
+                         packed = std::move(packed), send, received, world] {
+                          at::NoGradGuard no_grad;
+                          write_means(layout, packed, received, world);
+                        });
 }
 
 }  // namespace
@@ -524,10 +604,6 @@ bool gradients_unreduced(const RankLayout& layout) {
   });
 }
 
-void mark_layout_reduced(const RankLayout& layout) {
-  for (const ChunkGroup& chunk_group : layout.groups) mark_gradients_reduced(chunk_group);
-}
-
 c10::intrusive_ptr<c10d::ProcessGroup> current_group() {
   std::lock_guard lock(data_parallel().mutex);
   return data_parallel().group;
@@ -540,6 +616,8 @@ void mark_gradients_reduced(const ChunkGroup& chunk_group) {
     for (const auto& managed : member)
       managed->gradient_unreduced.store(false, std::memory_order_release);
 }
+
+bool data_parallel_group_set() { return data_parallel().has_group.load(std::memory_order_acquire); }
 
 CollectivesTurn take_collectives_turn() {
   std::unique_lock lock(data_parallel().mutex);
@@ -671,6 +749,7 @@ void set_process_group(c10::intrusive_ptr<c10d::ProcessGroup> group) {
   ChunkManager& chunks = torch_bridge::active_chunk_manager();
   {
     std::lock_guard lock(torch_bridge::data_parallel().mutex);
+    torch_bridge::data_parallel().has_group.store(group != nullptr, std::memory_order_release);
     torch_bridge::data_parallel().group = std::move(group);
   }
   torch_bridge::gather_owned_parameters(chunks);
@@ -711,7 +790,6 @@ void reduce_clients(const std::optional<std::vector<torch::Tensor>>& params) {
     if (written[static_cast<std::int64_t>(i)].item<int>() == 0) continue;
     for (const torch_bridge::ChunkGroup& chunk_group : layouts[i].groups)
       torch_bridge::start_group_reduction(chunks, *group, chunk_group).finish();
-    torch_bridge::mark_layout_reduced(layouts[i]);
   }
 }
 

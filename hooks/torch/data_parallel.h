@@ -63,6 +63,10 @@ void barrier(std::string_view what);
 // mean a reduction left there (Note [A backward onto a reduced gradient]).
 void check_not_accumulating_onto_reduced(const ManagedParam& managed);
 
+// Whether a data parallel group is set; without taking the lock, so it may
+// be stale by the time the caller acts: a hint for skipping work.
+bool data_parallel_group_set();
+
 // The data parallel group (null without one), with the lock that
 // serialises its collectives: one sequence of them per process.
 struct CollectivesTurn {
@@ -78,8 +82,10 @@ void begin_operation(c10d::ProcessGroup& group);
 // A chunk group's gradient reduction under way: this rank's gradients
 // packed and sent (the collective in flight), the gradients of what other
 // ranks own dropped. finish() waits for it and gives each owned parameter
-// the mean (or none where no rank reached it). Default-made: nothing to
-// reduce.
+// the mean where some rank wrote its gradient since the last reduction
+// (Note [A reduction sends what backward wrote since the last]); it throws
+// std::runtime_error when a backward wrote one of the owner's gradients
+// meanwhile. Default-made: nothing to reduce.
 class GroupReduction {
  public:
   GroupReduction() = default;
@@ -97,7 +103,8 @@ GroupReduction start_group_reduction(ChunkManager& chunks, c10d::ProcessGroup& g
                                      const ChunkGroup& chunk_group);
 
 // Clears the gradient_unreduced flags of the group's parameters (Note [A
-// reduction reduces what backward wrote since the last]).
+// reduction reduces what backward wrote since the last]); a reduction does
+// it as it packs the gradients.
 void mark_gradients_reduced(const ChunkGroup& chunk_group);
 
 // Called by the accumulation post hook (grad_binding.cc) once a backward

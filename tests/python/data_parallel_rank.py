@@ -11,7 +11,12 @@ then spillway.save_checkpoint to CHECKPOINT); "resume" (Adam from
 spillway.load_checkpoint of CHECKPOINT, steps STEPS to 2 STEPS - 1; a world
 of 1 runs without torch.distributed); "accumulate" (SGD, MICRO_BATCHES
 micro-batches per step, all but the last inside spillway.no_sync());
-"unsynced" (two micro-batches' backwards without it, saving the error).
+"unsynced" (two micro-batches' backwards without it, saving the error);
+"checkpointed" (Adam, a deeper model whose hidden layers each recompute
+under reentrant activation checkpointing; its chunk groups span them);
+"shared" (each rank owns a parameter used both inside and outside a
+reentrant checkpoint, so one backward writes its gradient twice; saves the
+error).
 """
 
 import sys
@@ -29,19 +34,35 @@ OVERFLOW_STEP = 1
 MICRO_BATCHES = 2
 
 
-def make_model():
+def hidden_layers(kind):
+    return 5 if kind == "checkpointed" else 2
+
+
+def make_model(kind="adam"):
     torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(INPUTS, WIDTH), torch.nn.ReLU(),
-        torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU(),
-        torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU(),
-        torch.nn.Linear(WIDTH, OUTPUTS))
+    layers = [torch.nn.Linear(INPUTS, WIDTH), torch.nn.ReLU()]
+    for _ in range(hidden_layers(kind)):
+        layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(WIDTH, OUTPUTS))
 
 
 def make_optimizer(kind, params):
-    if kind in ("adam", "clip", "save", "resume"):
+    if kind in ("adam", "clip", "save", "resume", "checkpointed"):
         return torch.optim.Adam(params, lr=1e-3)
     return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+
+
+def forward(kind, model, x):
+    """The model's output; under "checkpointed" each hidden Linear+ReLU pair
+    recomputes in a backward of its own (use_reentrant=True), nested in the
+    outer one, which reaches the first and the last layer."""
+    if kind != "checkpointed":
+        return model(x)
+    from torch.utils.checkpoint import checkpoint
+    x = model[1](model[0](x))
+    for first in range(2, 2 + 2 * hidden_layers(kind), 2):
+        x = checkpoint(model[first:first + 2], x, use_reentrant=True)
+    return model[-1](x)
 
 
 def micro_batches(kind):
@@ -77,6 +98,35 @@ def accumulate_without_no_sync(model, rank, folder):
     torch.save({"error": message}, f"{folder}/rank{rank}.pt")
 
 
+class UsedInsideAndOutside(torch.nn.Module):
+    """Two parameters of 1.5 MiB, so one chunk each: rank r owns the r-th."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Parameter(torch.randn(384, 1024))
+        self.b = torch.nn.Parameter(torch.randn(384, 1024))
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+        inside = checkpoint(lambda t: t * self.a + self.b, x, use_reentrant=True)
+        return inside * self.a + self.b
+
+
+def written_twice(rank, folder):
+    """One backward that writes each gradient outside the checkpoint, then,
+    while the group's reduction is in flight, inside it. Saves what it
+    raised."""
+    import spillway
+    model = UsedInsideAndOutside()
+    spillway.manage(model)
+    message = "did not raise"
+    try:
+        model(torch.ones(384, 1024, requires_grad=True)).sum().backward()
+    except RuntimeError as error:
+        message = str(error)
+    torch.save({"error": message}, f"{folder}/rank{rank}.pt")
+
+
 def main():
     rank, world, folder, kind = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     checkpoint = sys.argv[5] if len(sys.argv) > 5 else None
@@ -89,7 +139,11 @@ def main():
     if distributed:
         dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank,
                                 world_size=world)
-    model = make_model()
+    if kind == "shared":
+        written_twice(rank, folder)
+        dist.destroy_process_group()
+        return
+    model = make_model(kind)
     spillway.manage(model)  # torch.distributed's default group
     if kind == "unsynced":
         accumulate_without_no_sync(model, rank, folder)
@@ -109,7 +163,7 @@ def main():
                 x, y = batch(step, rank, micro)
                 F.mse_loss(model(x), y).backward()
         x, y = batch(step, rank, micro_batches(kind) - 1)
-        loss = F.mse_loss(model(x), y)
+        loss = F.mse_loss(forward(kind, model, x), y)
         if scaler is None:
             loss.backward()
         else:

@@ -11,7 +11,10 @@ Clipping and loss scaling (Note [Python clipping and loss scaling across
 ranks]): torch.nn.utils.clip_grad_norm_ in the loop returns, on every rank,
 the norm torch computes on the mean gradient, bit for bit; a GradScaler
 whose step overflows on one rank skips that step on every rank. Gradient
-accumulation: every micro-batch but the last inside spillway.no_sync()."""
+accumulation: every micro-batch but the last inside spillway.no_sync().
+Reentrant activation checkpointing: each segment's backward, nested in the
+outer one, reduces the groups it writes (Note [A reduction sends what
+backward wrote since the last])."""
 
 import json
 import os
@@ -53,7 +56,7 @@ def oracle(world, kind, steps=ranked.STEPS, resumed_world=None):
     loss scale is a power of two, so scaled gradients unscale to the same
     bits, and the overflowing step is skipped."""
     torch.set_num_threads(1)
-    model = ranked.make_model()
+    model = ranked.make_model(kind)
     params = list(model.parameters())
     optimizer = ranked.make_optimizer(kind, params)
     norms = []
@@ -79,7 +82,8 @@ def oracle(world, kind, steps=ranked.STEPS, resumed_world=None):
 
 
 @pytest.mark.parametrize("world,kind", [(2, "adam"), (3, "sgd"), (3, "clip"), (2, "amp"),
-                                        (2, "accumulate")])
+                                        (2, "accumulate"), (2, "checkpointed"),
+                                        (3, "checkpointed")])
 def test_ranks_match_plain_torch_bit_for_bit(tmp_path, world, kind):
     results = run_ranks(world, tmp_path / "ranks", kind)
     expected_params, expected_states, expected_norms = oracle(world, kind)
@@ -88,7 +92,8 @@ def test_ranks_match_plain_torch_bit_for_bit(tmp_path, world, kind):
     traffic = [result["traffic"] for result in results]
     assert sum(t["bytes_sent"] for t in traffic) == sum(t["bytes_received"] for t in traffic)
     if kind != "amp":  # a skipped step gathers nothing
-        model_bytes = sum(p.numel() * p.element_size() for p in ranked.make_model().parameters())
+        model_bytes = sum(p.numel() * p.element_size()
+                          for p in ranked.make_model(kind).parameters())
         least = ranked.STEPS * 2 * model_bytes * (world - 1) // world
         for rank, moved in enumerate(traffic):
             assert moved["bytes_sent"] >= least and moved["bytes_received"] >= least, (rank, moved)
@@ -130,6 +135,18 @@ def test_accumulating_without_no_sync_raises_naming_it(tmp_path):
     for rank, result in enumerate(results):
         assert "after it was reduced across ranks" in result["error"], (rank, result["error"])
         assert "no_sync()" in result["error"], (rank, result["error"])
+
+
+def test_a_gradient_written_while_its_reduction_is_in_flight_raises(tmp_path):
+    """A parameter used both inside and outside a reentrant checkpoint gets
+    two writes in one backward; the second comes while the group's
+    reduction is in flight, and the mean would overwrite it (Note [No write
+    to a gradient in flight]): backward raises on both owners, naming it."""
+    results = run_ranks(2, tmp_path / "ranks", "shared")
+    for rank, result in enumerate(results):
+        assert "while its chunk group's reduction across ranks was in flight" in \
+            result["error"], (rank, result["error"])
+        assert f"gradient of '{'ab'[rank]}'" in result["error"], (rank, result["error"])
 
 
 def test_a_checkpoint_by_owner_resumes_at_any_world_size(tmp_path):

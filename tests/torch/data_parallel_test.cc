@@ -1251,6 +1251,40 @@ TEST(DataParallel, WhatABackwardDoesNotReachHoldsNothingBack) {
   run_ranks(kWorld, folder.path);
 }
 
+// Note [Reducing while backward runs]: a backward reduces only the groups
+// some rank's backward writes, as a reentrant checkpoint's segment does.
+// The model's six chunk-sized parameters form three groups at N = 2; rank 0
+// writes p4 and rank 1 p5, so only {p4, p5} goes: one chunk's gradients
+// sent, where reducing every group of the model would send three. Each
+// owner holds the other rank's gradient over two, what no rank wrote stays
+// without a gradient, and a reduction after it has nothing to send.
+TEST(DataParallel, ABackwardReducesOnlyTheGroupsSomeRankWrites) {
+  constexpr int kWorld = 2;
+  if (auto env = rank_environment()) {
+    ActorAndCritic models(*env);
+    const std::vector<torch::Tensor>& p = models.actor->params;
+    const std::int64_t chunk_bytes = p[0].numel() * p[0].element_size();
+    models.actor->loss(1.0).backward();  // every group, once
+    for (const auto& param : p) param.mutable_grad().reset();
+    const spillway::DataParallelTraffic before = spillway::data_parallel_traffic();
+    p[4 + env->rank].square().sum().backward();
+    const spillway::DataParallelTraffic after = spillway::data_parallel_traffic();
+    EXPECT_GE(after.bytes_sent - before.bytes_sent, chunk_bytes) << "{p4, p5} was not reduced";
+    EXPECT_LT(after.bytes_sent - before.bytes_sent, 2 * chunk_bytes) << "more than {p4, p5}";
+    const torch::Tensor& owned = p[4 + env->rank];  // rank r owns member r of each group
+    ASSERT_TRUE(owned.grad().defined());
+    EXPECT_TRUE(torch::equal(owned.grad(), owned.detach()));  // (2 p + 0) / 2
+    for (int i = 0; i < 6; ++i)
+      if (i != 4 + env->rank) EXPECT_FALSE(p[i].grad().defined()) << "p" << i;
+    spillway::reduce_gradients(p);  // decides, in one small all-reduce, that nothing is left
+    EXPECT_LT(spillway::data_parallel_traffic().bytes_sent - after.bytes_sent, chunk_bytes / 2)
+        << "reduce_gradients() found something left";
+    return;
+  }
+  TemporaryFolder folder;
+  run_ranks(kWorld, folder.path);
+}
+
 // Note [Reducing while backward runs]: ranks whose backwards reach different
 // models fail at the backward's first collectives, every one of them, naming
 // the model and the ranks on each side, instead of issuing reductions that
