@@ -131,7 +131,9 @@ def nccl_one_rank(torch, spillway):
     """None when three SGD steps of a managed model with every data parallel
     collective on a 1-rank NCCL group (gathers, the reduce-scatter reduction,
     the flags' all-reduce) equal bit for bit the same steps without the
-    group; else why not."""
+    group, plain and with the last layer under a reentrant activation
+    checkpoint (a backward nested in backward, reducing on the device
+    thread); else why not."""
     import torch.distributed as dist
     if not dist.is_nccl_available():
         return "this torch has no NCCL"
@@ -140,24 +142,29 @@ def nccl_one_rank(torch, spillway):
                             device_id=device)
     group = dist.distributed_c10d._get_default_group()
     try:
-        def train(with_group):
+        def train(with_group, checkpointed):
             model = small_model(torch, device)
             spillway.manage(model)  # a 1-rank group is one manage() skips: set it directly
             if with_group:
                 spillway._C.set_process_group(group)
-            values = train_three_sgd_steps(torch, spillway, model, reduce=with_group)
+            values = train_three_sgd_steps(torch, spillway, model, reduce=with_group,
+                                           checkpointed=checkpointed)
             spillway._C.set_process_group(None)
             spillway.unmanage(model)
             return values
 
-        expected = train(False)
-        before = spillway.data_parallel_traffic()["collectives"]
-        got = train(True)
-        ran = spillway.data_parallel_traffic()["collectives"] - before
-        if ran < 4:
-            return f"{ran} collectives ran; a join, a reduction and a gathering take more"
-        differing = [i for i, (a, b) in enumerate(zip(expected, got)) if not torch.equal(a, b)]
-        return None if not differing else f"parameters {differing} differ from the run without it"
+        for checkpointed in (False, True):
+            expected = train(False, checkpointed)
+            before = spillway.data_parallel_traffic()["collectives"]
+            got = train(True, checkpointed)
+            ran = spillway.data_parallel_traffic()["collectives"] - before
+            how = "under a reentrant checkpoint" if checkpointed else "plain"
+            if ran < 4:
+                return f"{how}: {ran} collectives ran; a join, a reduction and a gathering take more"
+            differing = [i for i, (a, b) in enumerate(zip(expected, got)) if not torch.equal(a, b)]
+            if differing:
+                return f"{how}: parameters {differing} differ from the run without the group"
+        return None
     finally:
         dist.destroy_process_group()
 
@@ -168,12 +175,18 @@ def small_model(torch, device):
                                torch.nn.Linear(512, 16)).to(device)
 
 
-def train_three_sgd_steps(torch, spillway, model, reduce):
+def train_three_sgd_steps(torch, spillway, model, reduce, checkpointed=False):
+    """With `checkpointed`, the ReLU and the last Linear recompute in a
+    backward of their own (use_reentrant=True), nested in the outer one."""
+    from torch.utils.checkpoint import checkpoint
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     x = torch.randn(32, 256, device=next(model.parameters()).device)
     for _ in range(3):
         optimizer.zero_grad()
-        model(x).square().mean().backward()
+        hidden = model[0](x)
+        out = checkpoint(model[1:], hidden, use_reentrant=True) if checkpointed else \
+            model[1:](hidden)
+        out.square().mean().backward()
         if reduce:  # the optimizer's hook reduces only for 2 ranks or more
             spillway._C.reduce_gradients(list(model.parameters()))
         optimizer.step()
