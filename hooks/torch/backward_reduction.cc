@@ -179,9 +179,7 @@ std::unique_ptr<BackwardReduction> start_backward(c10d::ProcessGroup& group, int
 }
 
 void finish_in_flight(BackwardReductions& reductions) {
-  GroupReduction reduction = std::move(reductions.in_flight);
-  reductions.in_flight = GroupReduction();
-  reduction.finish();
+  std::exchange(reductions.in_flight, GroupReduction()).finish();
 }
 
 // With the graph known: compares the models each rank's backward reaches
@@ -227,8 +225,8 @@ void begin(BackwardReductions& reductions, BackwardReduction& state, c10d::Proce
 
 void reduce_slot(BackwardReductions& reductions, BackwardReduction& state,
                  c10d::ProcessGroup& group, std::size_t index) {
-  begin(reductions, state, group);
-  finish_in_flight(reductions);
+  begin(reductions, state, group);  // finishes the collective in flight, if any
+  finish_in_flight(reductions);     // when begun before
   const Slot& slot = state.slots[index];
   reductions.in_flight = start_group_reduction(active_chunk_manager(), group,
                                                state.layouts[slot.layout].groups[slot.group]);
@@ -263,7 +261,7 @@ auto find_running(BackwardReductions& reductions, int graph_task) {
                       [&](const auto& state) { return state->graph_task == graph_task; });
 }
 
-// The end of a backward: every group left of every model it reached. Those
+// The end of a backward: every group of its order not yet reduced. Those
 // nested in it that never ended (failed) go with it.
 void reduce_the_rest(int graph_task) {
   CollectivesTurn turn = take_collectives_turn();

@@ -464,10 +464,7 @@ GroupReduction start_reduce_scatter(ChunkManager& chunks, c10d::ProcessGroup& gr
     members.push_back(stepped(member));
     segment = std::max(segment, widened_segment_elements(members.back()));
   }
-  if (segment == 0) {
-    mark_gradients_reduced(chunk_group);
-    return {};
-  }
+  if (segment == 0) return {};
 
   at::NoGradGuard no_grad;
   const at::ScalarType dtype = reduce_scatter_dtype(members);
@@ -477,8 +474,6 @@ GroupReduction start_reduce_scatter(ChunkManager& chunks, c10d::ProcessGroup& gr
   for (int j = 0; j < world; ++j)
     pack_widened_gradients(members[static_cast<std::size_t>(j)],
                            send.narrow(0, segment * j, segment));
-  mark_gradients_reduced(
-      chunk_group);  // Note [A reduction sends what backward wrote since the last]
   std::vector<ManagedParam*> own = members[static_cast<std::size_t>(rank)];
   std::vector<PackedGradient> packed = packed_gradients(own);
   at::Tensor sum = at::empty({segment}, staging);
@@ -523,10 +518,7 @@ GroupReduction start_all_to_all(ChunkManager& chunks, c10d::ProcessGroup& group,
     segment.push_back(layouts.back().bytes);
     total += layouts.back().bytes;
   }
-  if (total == 0) {
-    mark_gradients_reduced(chunk_group);
-    return {};
-  }
+  if (total == 0) return {};
 
   at::NoGradGuard no_grad;
   // Note [The device collectives take]
@@ -538,8 +530,6 @@ GroupReduction start_all_to_all(ChunkManager& chunks, c10d::ProcessGroup& group,
     pack_gradients(layouts[index], send.narrow(0, offset, segment[index]));
     offset += segment[index];
   }
-  mark_gradients_reduced(
-      chunk_group);  // Note [A reduction sends what backward wrote since the last]
   std::vector<PackedGradient> packed = packed_gradients(members[static_cast<std::size_t>(rank)]);
   const std::int64_t own = segment[static_cast<std::size_t>(rank)];
   at::Tensor received = at::empty({own * world}, staging);
@@ -577,9 +567,13 @@ GroupReduction start_group_reduction(ChunkManager& chunks, c10d::ProcessGroup& g
   if (reduction == GradientReduction::by_device)
     reduction = collective_device(group).is_cuda() ? GradientReduction::reduce_scatter
                                                    : GradientReduction::all_to_all;
-  if (reduction == GradientReduction::reduce_scatter)
-    return start_reduce_scatter(chunks, group, chunk_group);
-  return start_all_to_all(chunks, group, chunk_group);
+  GroupReduction started = reduction == GradientReduction::reduce_scatter
+                               ? start_reduce_scatter(chunks, group, chunk_group)
+                               : start_all_to_all(chunks, group, chunk_group);
+  // Packed: what backward writes from now on goes in the next reduction
+  // (Note [A reduction sends what backward wrote since the last]).
+  mark_gradients_reduced(chunk_group);
+  return started;
 }
 
 namespace {
