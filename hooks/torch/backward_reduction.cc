@@ -44,16 +44,20 @@
 //  - Backwards nest: a reentrant activation checkpoint recomputes its
 //    segment in its backward and runs a backward of its own through it,
 //    another graph task, inside the outer one. Each running backward has
-//    its own state (outermost first), its own order (the groups its
-//    segment writes) and its own end callback. A group whose parameters
-//    span segments is reduced by each backward that writes some of them;
-//    a reduction sends only what was written since the last and leaves
-//    the owner's other gradients as they are (Note [A reduction sends what
-//    backward wrote since the last] in data_parallel.cc), so that is
-//    exact. A parameter used both inside and outside a checkpoint is
-//    written twice by one backward; the second write, should it come while
-//    the first's reduction is in flight, is refused (Note [No write to a
-//    gradient in flight], data_parallel.cc).
+//    its own state (outermost first), its own order and its own end
+//    callback. A reduction sends only what was written since the last and
+//    leaves the owner's other gradients as they are (Note [A reduction
+//    sends what backward wrote since the last] in data_parallel.cc), so
+//    reducing a group twice is exact, but it sends the group twice. A
+//    nested backward therefore reduces only the groups it writes whole on
+//    every rank that writes them; a group it writes part of (its
+//    parameters span segments) is deferred to the end of the outermost
+//    backward, which reduces it once for all the segments that wrote it
+//    (Note [Deferred to the outermost backward]). A parameter used both
+//    inside and outside a checkpoint is written twice by one backward; the
+//    second write, should it come while the first's reduction is in
+//    flight, is refused (Note [No write to a gradient in flight],
+//    data_parallel.cc).
 //  - One group's collective is in flight at a time, whichever backward
 //    started it: the next waits for it before starting, so staging memory
 //    stays one group's. What other ranks own is dropped as soon as it is
@@ -100,6 +104,15 @@ struct Slot {
   std::size_t group = 0;
   int unwritten = 0;      // its stepped parameters whose gradient this backward has not written
   bool expected = false;  // this backward writes one of them
+  bool whole = false;     // this backward writes all of them
+};
+
+// A chunk group by its model and index: the same across the states of
+// nested backwards, each of which lays the models out anew.
+struct GroupKey {
+  ClientId client{};
+  std::size_t group = 0;
+  bool operator==(const GroupKey&) const = default;
 };
 
 // One backward's reduction (one graph task); guarded by the collectives' turn.
@@ -112,7 +125,8 @@ struct BackwardReduction {
   std::unordered_map<const ManagedParam*, std::size_t> slot_of;  // until written
   std::vector<std::size_t> order;                                // the slots to reduce, in order
   std::size_t next = 0;                                          // the first of `order` not reduced
-  bool begun = false;  // the operation counted, the ranks' expectations compared
+  bool begun = false;   // the operation counted, the ranks' expectations compared
+  bool nested = false;  // began inside another backward (a reentrant checkpoint's)
   // Expires when autograd destroys the graph task (and the end callback,
   // which holds it): whether the backward still runs, ended or failed.
   std::weak_ptr<const void> task_alive;
@@ -124,6 +138,9 @@ struct BackwardReduction {
 struct BackwardReductions {
   std::vector<std::unique_ptr<BackwardReduction>> running;
   GroupReduction in_flight;
+  // Note [Deferred to the outermost backward]: in the order the nested
+  // backwards deferred them, the same on every rank.
+  std::vector<GroupKey> deferred;
 };
 
 BackwardReductions& backward_reductions() {
@@ -144,9 +161,11 @@ bool runs_accumulator(const ManagedParam& managed,
   return found != exec_info->end() && found->second.should_execute();
 }
 
-std::unique_ptr<BackwardReduction> start_backward(c10d::ProcessGroup& group, int graph_task) {
+std::unique_ptr<BackwardReduction> start_backward(c10d::ProcessGroup& group, int graph_task,
+                                                  bool nested) {
   auto state = std::make_unique<BackwardReduction>();
   state->graph_task = graph_task;
+  state->nested = nested;
   state->layouts = rank_layouts(active_chunk_manager(), group.getSize());
   state->reached.assign(state->layouts.size(), false);
   // Null where autograd does not say: every parameter is then expected.
@@ -156,10 +175,12 @@ std::unique_ptr<BackwardReduction> start_backward(c10d::ProcessGroup& group, int
   for (std::size_t l = 0; l < state->layouts.size(); ++l) {
     const std::vector<ChunkGroup>& groups = state->layouts[l].groups;
     for (std::size_t g = groups.size(); g-- > 0;) {
-      Slot slot{l, g, 0, false};
+      Slot slot{l, g, 0, false, false};
+      int stepped = 0;
       for (const auto& member : groups[g].members)
         for (const auto& managed : member) {
           if (!stepped_by_owner(*managed)) continue;
+          ++stepped;
           if (in_graph != nullptr) {
             if (!runs_accumulator(*managed, *in_graph)) continue;
             state->reached[l] = true;
@@ -168,6 +189,7 @@ std::unique_ptr<BackwardReduction> start_backward(c10d::ProcessGroup& group, int
           ++slot.unwritten;
         }
       slot.expected = slot.unwritten > 0;
+      slot.whole = slot.expected && slot.unwritten == stepped;
       state->slots.push_back(slot);
     }
   }
@@ -182,19 +204,37 @@ void finish_in_flight(BackwardReductions& reductions) {
   std::exchange(reductions.in_flight, GroupReduction()).finish();
 }
 
+// Note [Deferred to the outermost backward]
+// A reentrant checkpoint's backward (nested) writes the gradients of its
+// segment only. Where a chunk group's parameters span segments, or a
+// segment and the layers outside every checkpoint, each backward that
+// writes some of them would send the whole group again. So a nested
+// backward reduces a group only where every rank whose backward writes
+// some of it writes all of it (the ranks' bits compared in the order's
+// all-gather); the others go on a list that the end of the outermost
+// backward reduces, after its own order, minus those reduced since they
+// were deferred (the outer order reaches some: the first layer's group).
+// The list changes only at collectives, in the order every rank issues
+// them, so it is the same on every rank. What a deferred group loses is
+// overlap: it is sent at the end of backward instead of during it.
+
 // With the graph known: compares the models each rank's backward reaches
 // (throwing, on every rank alike, when they differ) and orders the groups
 // any rank's backward writes (a collective). A group no rank writes is
-// left out: a reentrant checkpoint's backward reduces only its own
-// segment's groups.
-void agree_on_order(c10d::ProcessGroup& group, BackwardReduction& state) {
+// left out; a nested backward defers what it writes in part (Note
+// [Deferred to the outermost backward]).
+void agree_on_order(c10d::ProcessGroup& group, BackwardReductions& reductions,
+                    BackwardReduction& state) {
   const auto layouts = static_cast<std::int64_t>(state.layouts.size());
   const auto slots = static_cast<std::int64_t>(state.slots.size());
-  at::Tensor mine = at::zeros({layouts + slots}, at::kLong);
+  at::Tensor mine = at::zeros({layouts + 2 * slots}, at::kLong);
   for (std::int64_t l = 0; l < layouts; ++l)
     mine[l] = state.reached[static_cast<std::size_t>(l)] ? 1 : 0;
-  for (std::int64_t i = 0; i < slots; ++i)
-    mine[layouts + i] = state.slots[static_cast<std::size_t>(i)].expected ? 1 : 0;
+  for (std::int64_t i = 0; i < slots; ++i) {
+    const Slot& slot = state.slots[static_cast<std::size_t>(i)];
+    mine[layouts + i] = slot.expected ? 1 : 0;
+    mine[layouts + slots + i] = slot.expected && !slot.whole ? 1 : 0;
+  }
   const at::Tensor all =
       all_gather_rows(group, mine, "comparing the models each rank's backward reaches");
   for (std::int64_t l = 0; l < layouts; ++l) {
@@ -210,8 +250,18 @@ void agree_on_order(c10d::ProcessGroup& group, BackwardReduction& state) {
         fmt::join(not_reaching, ", ")));
   }
   const at::Tensor anyone = all.narrow(1, layouts, slots).amax(0);
-  for (std::int64_t i = 0; i < slots; ++i)
-    if (anyone[i].item<std::int64_t>() != 0) state.order.push_back(static_cast<std::size_t>(i));
+  const at::Tensor in_part = all.narrow(1, layouts + slots, slots).amax(0);
+  for (std::int64_t i = 0; i < slots; ++i) {
+    if (anyone[i].item<std::int64_t>() == 0) continue;
+    const Slot& slot = state.slots[static_cast<std::size_t>(i)];
+    if (state.nested && in_part[i].item<std::int64_t>() != 0) {
+      const GroupKey key{state.layouts[slot.layout].client, slot.group};
+      if (std::ranges::find(reductions.deferred, key) == reductions.deferred.end())
+        reductions.deferred.push_back(key);
+      continue;
+    }
+    state.order.push_back(static_cast<std::size_t>(i));
+  }
 }
 
 void begin(BackwardReductions& reductions, BackwardReduction& state, c10d::ProcessGroup& group) {
@@ -219,7 +269,7 @@ void begin(BackwardReductions& reductions, BackwardReduction& state, c10d::Proce
   finish_in_flight(reductions);
   begin_operation(group);
   check_layouts_agree(group, state.layouts);
-  if (state.graph_known) agree_on_order(group, state);
+  if (state.graph_known) agree_on_order(group, reductions, state);
   state.begun = true;
 }
 
@@ -228,8 +278,28 @@ void reduce_slot(BackwardReductions& reductions, BackwardReduction& state,
   begin(reductions, state, group);  // finishes the collective in flight, if any
   finish_in_flight(reductions);     // when begun before
   const Slot& slot = state.slots[index];
+  std::erase(reductions.deferred, GroupKey{state.layouts[slot.layout].client, slot.group});
   reductions.in_flight = start_group_reduction(active_chunk_manager(), group,
                                                state.layouts[slot.layout].groups[slot.group]);
+}
+
+// Note [Deferred to the outermost backward]: at the end of the outermost
+// backward, the groups nested ones deferred and nothing reduced since.
+void reduce_deferred(BackwardReductions& reductions, BackwardReduction& outermost,
+                     c10d::ProcessGroup& group) {
+  while (!reductions.deferred.empty()) {
+    const GroupKey key = reductions.deferred.front();
+    const auto slot = std::ranges::find_if(outermost.slots, [&](const Slot& candidate) {
+      return outermost.layouts[candidate.layout].client == key.client &&
+             candidate.group == key.group;
+    });
+    if (slot == outermost.slots.end()) {  // its model went meanwhile
+      reductions.deferred.erase(reductions.deferred.begin());
+      continue;
+    }
+    reduce_slot(reductions, outermost, group,
+                static_cast<std::size_t>(slot - outermost.slots.begin()));
+  }
 }
 
 // Whether the first group this rank's backward writes is written: where
@@ -275,6 +345,7 @@ void reduce_the_rest(int graph_task) {
       for (; state.next < state.order.size(); ++state.next)
         if (state.reached[state.slots[state.order[state.next]].layout])
           reduce_slot(reductions, state, *turn.group, state.order[state.next]);
+      if (found == reductions.running.begin()) reduce_deferred(reductions, state, *turn.group);
       finish_in_flight(reductions);
     }
   } catch (...) {
@@ -297,7 +368,9 @@ void reduce_as_backward_completes(const ManagedParam& managed) {
     if (found == reductions.running.end()) {
       std::erase_if(reductions.running,
                     [](const auto& state) { return state->task_alive.expired(); });
-      reductions.running.push_back(start_backward(*turn.group, graph_task));
+      const bool nested = !reductions.running.empty();
+      if (!nested) reductions.deferred.clear();  // what a failed backward left
+      reductions.running.push_back(start_backward(*turn.group, graph_task, nested));
       found = std::prev(reductions.running.end());
       auto task_alive = std::make_shared<const int>(0);
       (*found)->task_alive = task_alive;

@@ -14,6 +14,7 @@ micro-batches per step, all but the last inside spillway.no_sync());
 "unsynced" (two micro-batches' backwards without it, saving the error);
 "checkpointed" (Adam, a deeper model whose hidden layers each recompute
 under reentrant activation checkpointing; its chunk groups span them);
+"deep" (the same model and steps without checkpointing);
 "shared" (each rank owns a parameter used both inside and outside a
 reentrant checkpoint, so one backward writes its gradient twice; saves the
 error).
@@ -35,7 +36,7 @@ MICRO_BATCHES = 2
 
 
 def hidden_layers(kind):
-    return 5 if kind == "checkpointed" else 2
+    return 5 if kind in ("checkpointed", "deep") else 2
 
 
 def make_model(kind="adam"):
@@ -47,7 +48,7 @@ def make_model(kind="adam"):
 
 
 def make_optimizer(kind, params):
-    if kind in ("adam", "clip", "save", "resume", "checkpointed"):
+    if kind in ("adam", "clip", "save", "resume", "checkpointed", "deep"):
         return torch.optim.Adam(params, lr=1e-3)
     return torch.optim.SGD(params, lr=0.05, momentum=0.9)
 

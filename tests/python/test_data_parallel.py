@@ -13,7 +13,9 @@ the norm torch computes on the mean gradient, bit for bit; a GradScaler
 whose step overflows on one rank skips that step on every rank. Gradient
 accumulation: every micro-batch but the last inside spillway.no_sync().
 Reentrant activation checkpointing: each segment's backward, nested in the
-outer one, reduces the groups it writes (Note [A reduction sends what
+outer one, reduces the groups it writes whole and defers to the outermost
+backward those it writes in part (Note [Deferred to the outermost
+backward]); reducing a group twice is exact (Note [A reduction sends what
 backward wrote since the last])."""
 
 import json
@@ -111,6 +113,29 @@ def test_ranks_match_plain_torch_bit_for_bit(tmp_path, world, kind):
         scales = results[0]["scales"]
         assert scales[ranked.OVERFLOW_STEP] < scales[0], "the overflow did not lower the scale"
     assert_matches(results, expected_params, expected_states)
+
+
+def test_reentrant_checkpointing_sends_a_group_once_not_once_per_segment(tmp_path):
+    """Note [Deferred to the outermost backward]: the chunk groups span the
+    checkpointed segments, yet each step sends what the same steps without
+    checkpointing send, plus per step two small all-gathers per segment's
+    backward (the layouts compared, its order agreed) and at most one group
+    sent twice: the last layer's, which the outer backward reduces as soon
+    as that layer's gradients are written, before the segments write the
+    rest of it."""
+    world = 2
+    plain = [r["traffic"] for r in run_ranks(world, tmp_path / "deep", "deep")]
+    checkpointed = [r["traffic"] for r in run_ranks(world, tmp_path / "ckpt", "checkpointed")]
+    segments = ranked.hidden_layers("checkpointed")
+    model_bytes = sum(p.numel() * p.element_size()
+                      for p in ranked.make_model("checkpointed").parameters())
+    chunk_bytes = 2 << 20  # data_parallel_rank.py's chunk_size
+    group_bytes = min(model_bytes, world * chunk_bytes)
+    for rank, (mine, reference) in enumerate(zip(checkpointed, plain)):
+        extra_collectives = mine["collectives"] - reference["collectives"]
+        assert 0 <= extra_collectives <= ranked.STEPS * (2 * segments + 1), (rank, mine, reference)
+        extra_bytes = mine["bytes_sent"] - reference["bytes_sent"]
+        assert extra_bytes <= ranked.STEPS * group_bytes, (rank, mine, reference)
 
 
 def assert_matches(results, expected_params, expected_states):
