@@ -4,6 +4,9 @@
 // compute: how much of the step is stall under each policy, and how close the
 // planned one comes to the cost simulator's bound for the same trace.
 //
+//   metric train_budget_mib             the device budget: --budget, or by default
+//                                       the peak of non-model memory plus half the
+//                                       model's chunks (measured with everything resident)
 //   metric train_compute_ms             a step with instant copies (compute)
 //   metric train_h2d_mib_per_step       the chunk traffic of that step
 //   metric train_sim_bandwidth_gbps     traffic / compute: the modelled bandwidth
@@ -26,7 +29,7 @@
 // per process): bench_train --child POLICY BANDWIDTH TRACE prints one
 // "child-result" line, which the parent reads.
 //
-//   bench_train [--steps N] [--warmup N] [--budget SIZE] [--threads N] [--layers N]
+//   bench_train [--steps N] [--warmup N] [--budget SIZE|auto] [--threads N] [--layers N]
 //               [--d-model N] [--batch N] [--seq N]
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
@@ -35,6 +38,7 @@
 #include <unistd.h>
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
@@ -59,19 +63,30 @@ struct Options {
   train_demo::TrainerOptions trainer;
   int steps = 6;   // timed steps per run
   int warmup = 3;  // untimed steps first (the planned policy's traced step among them)
-  std::string budget = "64MiB";  // the simulator hides most of the traffic here
+  // "auto": Note [A budget that makes chunks move].
+  std::string budget = "auto";
   std::string chunk_size = "2MiB";
   int threads = 1;  // torch's intra-op threads in each run
 };
 
 struct ChildResult {
-  double step_ms = 0;        // median timed step
-  double stall_ms = 0;       // per timed step
-  double expected_ms = 0;    // per timed step
-  double h2d_bytes = 0;      // per timed step
-  double total_step_ms = 0;  // sum of timed steps
-  double spill_wait_ms = 0;  // per timed step: the allocator's release waits
+  double step_ms = 0;               // median timed step
+  double stall_ms = 0;              // per timed step
+  double expected_ms = 0;           // per timed step
+  double h2d_bytes = 0;             // per timed step
+  double total_step_ms = 0;         // sum of timed steps
+  double spill_wait_ms = 0;         // per timed step: the allocator's release waits
+  double chunk_capacity_bytes = 0;  // the model's chunks, at the end
+  double non_model_peak_bytes = 0;  // allocator bytes outside chunks, the run's peak
 };
+
+// Note [A budget that makes chunks move]
+// A fixed default budget stops meaning anything as the model, its packing or
+// the activations change: 64 MiB once moved 14 MiB a step and now holds the
+// whole demo model. By default the budget is measured instead: a run with
+// everything resident gives the peak of non-model memory (activations,
+// Adam's state) and the bytes of the model's chunks, and the budget is that
+// peak plus half those chunks, so about half the model moves each step.
 
 double stat(const nlohmann::json& json, const char* key) {
   return json.contains(key) ? json.at(key).get<double>() : 0.0;
@@ -121,9 +136,9 @@ int run_child(const Options& options, const std::string& policy, double bandwidt
   };
   double total = 0;
   for (double ms : steps) total += ms;
-  fmt::print("child-result {} {} {} {} {} {}\n", median(steps), per_step("stall_ns") / 1e6,
-             per_step("stall_ns.expected") / 1e6, per_step("bytes_moved.h2d"), total,
-             spill_wait_ms);
+  fmt::print("child-result {} {} {} {} {} {} {} {}\n", median(steps), per_step("stall_ns") / 1e6,
+             per_step("stall_ns.expected") / 1e6, per_step("bytes_moved.h2d"), total, spill_wait_ms,
+             stat(after, "chunk_bytes.capacity"), stat(after, "allocated_bytes.non_model.peak"));
   std::fflush(stdout);
   return 0;
 }
@@ -148,12 +163,48 @@ ChildResult run_in_child(const std::vector<std::string>& base_args, const std::s
   std::istringstream line(output.substr(at + 13));
   ChildResult result;
   line >> result.step_ms >> result.stall_ms >> result.expected_ms >> result.h2d_bytes >>
-      result.total_step_ms >> result.spill_wait_ms;
+      result.total_step_ms >> result.spill_wait_ms >> result.chunk_capacity_bytes >>
+      result.non_model_peak_bytes;
   return result;
 }
 
-// The three runs and the simulator; failures go to report_failure.
-void measure(const Options& options, const std::vector<std::string>& base_args) {
+// `args` with `--budget budget` in place of any budget they give.
+std::vector<std::string> with_budget(const std::vector<std::string>& args,
+                                     const std::string& budget) {
+  std::vector<std::string> result;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--budget") {
+      ++i;  // and its value
+      continue;
+    }
+    if (args[i].starts_with("--budget=")) continue;
+    result.push_back(args[i]);
+  }
+  result.insert(result.end(), {"--budget", budget});
+  return result;
+}
+
+// Note [A budget that makes chunks move]: `options.budget`, or measured.
+std::string resolve_budget(const Options& options, const std::vector<std::string>& base_args) {
+  if (options.budget != "auto") return options.budget;
+  // Below sim_capacity, above anything the demo's sizes need.
+  const ChildResult everything = run_in_child(with_budget(base_args, "480MiB"), "planned", 0, "-");
+  if (everything.h2d_bytes > 0)
+    throw std::runtime_error("--budget auto: chunks moved with a budget of 480 MiB");
+  const double mib = 1048576.0;
+  const double bytes = everything.non_model_peak_bytes + everything.chunk_capacity_bytes / 2;
+  report_note(fmt::format("--budget auto: non-model peak {:.1f} MiB, chunks {:.1f} MiB",
+                          everything.non_model_peak_bytes / mib,
+                          everything.chunk_capacity_bytes / mib));
+  return fmt::format("{:.0f}MiB", std::ceil(bytes / mib));
+}
+
+// The runs and the simulator; failures go to report_failure.
+void measure(Options options, const std::vector<std::string>& parent_args) {
+  options.budget = resolve_budget(options, parent_args);
+  const std::vector<std::string> base_args = with_budget(parent_args, options.budget);
+  report_metric("train_budget_mib",
+                static_cast<double>(*detail::parse_size(options.budget)) / 1048576.0, "MiB");
   // 1. Compute and traffic: instant copies.
   const ChildResult instant = run_in_child(base_args, "planned", 0, "-");
   const double bandwidth = instant.h2d_bytes / (instant.step_ms / 1e3);
