@@ -38,9 +38,10 @@
 //    parameters (DDP asks as much of its modules): a model one rank's
 //    backward reaches and another's does not would be reduced on one side
 //    only. Ranks that differ all fail at that first all-gather, naming the
-//    model. (A rank whose backward reaches no managed model at all takes no
-//    part; the others' first collective then fails at the group's timeout,
-//    naming it: Note [A failed collective names the missing ranks].)
+//    model. A rank whose backward reaches no managed model at all takes no
+//    part, and its optimizer step's reduction meets theirs in that same
+//    all-gather, where all of them fail, naming it (Note [What each rank
+//    is reducing for]).
 //  - Backwards nest: a reentrant activation checkpoint recomputes its
 //    segment in its backward and runs a backward of its own through it,
 //    another graph task, inside the outer one. Each running backward has
@@ -218,6 +219,61 @@ void finish_in_flight(BackwardReductions& reductions) {
 // them, so it is the same on every rank. What a deferred group loses is
 // overlap: it is sent at the end of backward instead of during it.
 
+}  // namespace
+
+// Note [What each rank is reducing for]
+// A rank whose backward reaches no managed model (its loss does not depend
+// on one) takes no part in the others' reduction during backward, and goes
+// on to its optimizer step, whose reduce_gradients() issues collectives of
+// its own. The ranks would wait on collectives that do not match until the
+// group's timeout (30 minutes by default) and then fail naming neither
+// cause. So both begin the same way: the layouts compared (one all-gather
+// over every model), then one all-gather of a row that starts with what
+// the rank reduces for and is as long on both sides (a figure per model,
+// two per chunk group). Ranks that differ all see it in that all-gather
+// and raise at once, naming the ranks and the models.
+at::Tensor all_gather_reducing_for(c10d::ProcessGroup& group, ReducingFor kind,
+                                   const std::vector<RankLayout>& layouts,
+                                   const std::vector<std::int64_t>& per_layout,
+                                   const std::vector<std::int64_t>& per_slot) {
+  std::int64_t slots = 0;
+  for (const RankLayout& layout : layouts) slots += static_cast<std::int64_t>(layout.groups.size());
+  const auto models = static_cast<std::int64_t>(layouts.size());
+  if (per_layout.size() != layouts.size() ||
+      (!per_slot.empty() && static_cast<std::int64_t>(per_slot.size()) != 2 * slots))
+    throw std::logic_error("all_gather_reducing_for: a row of the wrong length");
+  at::Tensor mine = at::zeros({1 + models + 2 * slots}, at::kLong);
+  mine[0] = static_cast<std::int64_t>(kind);
+  for (std::int64_t l = 0; l < models; ++l) mine[1 + l] = per_layout[static_cast<std::size_t>(l)];
+  for (std::size_t i = 0; i < per_slot.size(); ++i)
+    mine[1 + models + static_cast<std::int64_t>(i)] = per_slot[i];
+  const at::Tensor all = all_gather_rows(group, mine, "comparing what each rank reduces for");
+  std::vector<int> in_backward, in_step;
+  std::vector<std::string> reached;
+  for (int rank = 0; rank < group.getSize(); ++rank) {
+    const bool backward =
+        all[rank][0].item<std::int64_t>() == static_cast<std::int64_t>(ReducingFor::backward);
+    (backward ? in_backward : in_step).push_back(rank);
+    for (std::int64_t l = 0; backward && l < models; ++l) {
+      const std::string& name = layouts[static_cast<std::size_t>(l)].client_name;
+      if (all[rank][1 + l].item<std::int64_t>() != 0 &&
+          std::ranges::find(reached, name) == reached.end())
+        reached.push_back(name);
+    }
+  }
+  if (!in_backward.empty() && !in_step.empty())
+    throw std::runtime_error(fmt::format(
+        "spillway data parallel: the backward of rank(s) {} reaches model(s) '{}', and rank(s) "
+        "{} went on to reduce gradients for an optimizer step (reduce_gradients(), or a Python "
+        "optimizer's step) without a backward that reached any. Every rank's backward must "
+        "reach the same models, since each model's gradients are reduced across all ranks: "
+        "give every rank a loss that depends on them",
+        fmt::join(in_backward, ", "), fmt::join(reached, "', '"), fmt::join(in_step, ", ")));
+  return all.narrow(1, 1, models + 2 * slots);
+}
+
+namespace {
+
 // With the graph known: compares the models each rank's backward reaches
 // (throwing, on every rank alike, when they differ) and orders the groups
 // any rank's backward writes (a collective). A group no rank writes is
@@ -227,16 +283,15 @@ void agree_on_order(c10d::ProcessGroup& group, BackwardReductions& reductions,
                     BackwardReduction& state) {
   const auto layouts = static_cast<std::int64_t>(state.layouts.size());
   const auto slots = static_cast<std::int64_t>(state.slots.size());
-  at::Tensor mine = at::zeros({layouts + 2 * slots}, at::kLong);
-  for (std::int64_t l = 0; l < layouts; ++l)
-    mine[l] = state.reached[static_cast<std::size_t>(l)] ? 1 : 0;
-  for (std::int64_t i = 0; i < slots; ++i) {
-    const Slot& slot = state.slots[static_cast<std::size_t>(i)];
-    mine[layouts + i] = slot.expected ? 1 : 0;
-    mine[layouts + slots + i] = slot.expected && !slot.whole ? 1 : 0;
+  std::vector<std::int64_t> per_layout, per_slot(2 * state.slots.size());
+  for (const bool reached : state.reached) per_layout.push_back(reached ? 1 : 0);
+  for (std::size_t i = 0; i < state.slots.size(); ++i) {
+    const Slot& slot = state.slots[i];
+    per_slot[i] = slot.expected ? 1 : 0;
+    per_slot[state.slots.size() + i] = slot.expected && !slot.whole ? 1 : 0;
   }
   const at::Tensor all =
-      all_gather_rows(group, mine, "comparing the models each rank's backward reaches");
+      all_gather_reducing_for(group, ReducingFor::backward, state.layouts, per_layout, per_slot);
   for (std::int64_t l = 0; l < layouts; ++l) {
     std::vector<int> reaching, not_reaching;
     for (int rank = 0; rank < group.getSize(); ++rank)

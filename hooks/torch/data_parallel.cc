@@ -758,30 +758,28 @@ void reduce_clients(const std::optional<std::vector<torch::Tensor>>& params) {
   ChunkManager& chunks = torch_bridge::active_chunk_manager();
   std::lock_guard lock(torch_bridge::data_parallel().mutex);
   torch_bridge::begin_operation(*group);
-  std::vector<torch_bridge::RankLayout> layouts =
+  // Every model's layout, as a backward compares them: Note [What each
+  // rank is reducing for].
+  const std::vector<torch_bridge::RankLayout> layouts =
       torch_bridge::rank_layouts(chunks, group->getSize());
-  if (params.has_value()) {
-    std::set<ClientId> clients;
+  torch_bridge::check_layouts_agree(*group, layouts);
+  std::set<ClientId> clients;
+  if (params.has_value())
     for (const torch::Tensor& param : *params)
       if (const auto managed = torch_bridge::managed_param_bound_to(param))
         clients.insert(managed->client);
-    std::erase_if(layouts, [&](const torch_bridge::RankLayout& layout) {
-      return !clients.contains(layout.client);
-    });
-  }
-  torch_bridge::check_layouts_agree(*group, layouts);
+  const auto selected = [&](const torch_bridge::RankLayout& layout) {
+    return !params.has_value() || clients.contains(layout.client);
+  };
   // Note [A reduction reduces what backward wrote since the last]
-  at::Tensor written = at::zeros({static_cast<std::int64_t>(layouts.size())}, at::kInt);
-  for (std::size_t i = 0; i < layouts.size(); ++i)
-    written[static_cast<std::int64_t>(i)] = torch_bridge::gradients_unreduced(layouts[i]) ? 1 : 0;
-  std::vector<at::Tensor> flags{written.to(torch_bridge::collective_device(*group))};
-  torch_bridge::run_collective(
-      *group, "deciding which models to reduce",
-      torch_bridge::all_reduce_payload(written.nbytes(), group->getSize()),
-      [&] { return group->allreduce(flags, c10d::AllreduceOptions{c10d::ReduceOp::MAX}); });
-  written = flags[0].cpu();
+  std::vector<std::int64_t> written;
+  for (const torch_bridge::RankLayout& layout : layouts)
+    written.push_back(selected(layout) && torch_bridge::gradients_unreduced(layout) ? 1 : 0);
+  const at::Tensor all = torch_bridge::all_gather_reducing_for(
+      *group, torch_bridge::ReducingFor::optimizer_step, layouts, written, {});
+  const at::Tensor anyone = all.narrow(1, 0, static_cast<std::int64_t>(layouts.size())).amax(0);
   for (std::size_t i = 0; i < layouts.size(); ++i) {
-    if (written[static_cast<std::int64_t>(i)].item<int>() == 0) continue;
+    if (anyone[static_cast<std::int64_t>(i)].item<std::int64_t>() == 0) continue;
     for (const torch_bridge::ChunkGroup& chunk_group : layouts[i].groups)
       torch_bridge::start_group_reduction(chunks, *group, chunk_group).finish();
   }

@@ -2,6 +2,7 @@
 // parallel over chunk groups] in data_parallel.cc). Private to hooks/torch.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -113,6 +114,21 @@ void mark_gradients_reduced(const ChunkGroup& chunk_group);
 // backward every group left (Note [Reducing while backward runs],
 // backward_reduction.cc). Nothing without a group or inside no_sync.
 void reduce_as_backward_completes(const ManagedParam& managed);
+
+// Note [What each rank is reducing for] (backward_reduction.cc): the
+// all-gather that a backward's reduction and reduce_gradients() both begin
+// with, after comparing layouts. `layouts` are every model's (rank_layouts
+// without `only`); `per_layout` has one figure per layout, `per_slot` two
+// per chunk group of them (or is empty). Returns every rank's figures
+// (world size x the row, the kind column dropped). Throws
+// std::runtime_error, on every rank alike, when some ranks reduce for a
+// backward and others for an optimizer step without one, naming both and
+// the models the backward reaches.
+enum class ReducingFor : std::int64_t { backward = 1, optimizer_step = 2 };
+at::Tensor all_gather_reducing_for(c10d::ProcessGroup& group, ReducingFor kind,
+                                   const std::vector<RankLayout>& layouts,
+                                   const std::vector<std::int64_t>& per_layout,
+                                   const std::vector<std::int64_t>& per_slot);
 
 // With dist:env and no group yet: joins the group torchrun's environment
 // describes (Note [Joining the group torchrun describes], dist_env.cc).

@@ -15,6 +15,8 @@ micro-batches per step, all but the last inside spillway.no_sync());
 "checkpointed" (Adam, a deeper model whose hidden layers each recompute
 under reentrant activation checkpointing; its chunk groups span them);
 "deep" (the same model and steps without checkpointing);
+"unreached" (the last rank's loss does not depend on the model, so its
+backward reaches no managed model; saves what the optimizer step raised);
 "shared" (each rank owns a parameter used both inside and outside a
 reentrant checkpoint, so one backward writes its gradient twice; saves the
 error).
@@ -128,6 +130,24 @@ def written_twice(rank, folder):
     torch.save({"error": message}, f"{folder}/rank{rank}.pt")
 
 
+def step_without_reaching(model, rank, world, folder):
+    """One step in which the last rank's backward reaches no managed model
+    (Note [What each rank is reducing for]). Saves what was raised."""
+    optimizer = make_optimizer("adam", model.parameters())
+    x, y = batch(0, rank)
+    message = "did not raise"
+    try:
+        if rank == world - 1:
+            x.requires_grad_(True)
+            (x * 2).sum().backward()
+        else:
+            F.mse_loss(model(x), y).backward()
+        optimizer.step()
+    except RuntimeError as error:
+        message = str(error)
+    torch.save({"error": message}, f"{folder}/rank{rank}.pt")
+
+
 def main():
     rank, world, folder, kind = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     checkpoint = sys.argv[5] if len(sys.argv) > 5 else None
@@ -146,6 +166,10 @@ def main():
         return
     model = make_model(kind)
     spillway.manage(model)  # torch.distributed's default group
+    if kind == "unreached":
+        step_without_reaching(model, rank, world, folder)
+        dist.destroy_process_group()
+        return
     if kind == "unsynced":
         accumulate_without_no_sync(model, rank, folder)
         dist.destroy_process_group()

@@ -162,6 +162,20 @@ def test_accumulating_without_no_sync_raises_naming_it(tmp_path):
         assert "no_sync()" in result["error"], (rank, result["error"])
 
 
+def test_a_rank_whose_backward_reaches_no_model_fails_every_rank_at_once(tmp_path):
+    """Rank 1's loss does not depend on the model: its optimizer step's
+    reduction meets rank 0's reduction during backward in their first
+    all-gather, and both raise there, naming the ranks and the model (Note
+    [What each rank is reducing for]), instead of waiting out the group's
+    timeout (30 minutes; run_ranks gives up after 240 s)."""
+    results = run_ranks(2, tmp_path / "ranks", "unreached")
+    for rank, result in enumerate(results):
+        message = result["error"]
+        assert "the backward of rank(s) 0 reaches model(s) 'Sequential#0'" in message, (rank, message)
+        assert "rank(s) 1 went on to reduce gradients for an optimizer step" in message, \
+            (rank, message)
+
+
 def test_a_gradient_written_while_its_reduction_is_in_flight_raises(tmp_path):
     """A parameter used both inside and outside a reentrant checkpoint gets
     two writes in one backward; the second comes while the group's
