@@ -41,6 +41,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -202,9 +203,12 @@ std::string resolve_budget(const Options& options, const std::vector<std::string
 // The runs and the simulator; failures go to report_failure.
 void measure(Options options, const std::vector<std::string>& parent_args) {
   options.budget = resolve_budget(options, parent_args);
+  const std::optional<std::uint64_t> budget_bytes = detail::parse_size(options.budget);
+  if (!budget_bytes)
+    throw std::runtime_error(fmt::format(
+        "--budget '{}': expected a size such as 48MiB or 50331648, or auto", options.budget));
   const std::vector<std::string> base_args = with_budget(parent_args, options.budget);
-  report_metric("train_budget_mib",
-                static_cast<double>(*detail::parse_size(options.budget)) / 1048576.0, "MiB");
+  report_metric("train_budget_mib", static_cast<double>(*budget_bytes) / 1048576.0, "MiB");
   // 1. Compute and traffic: instant copies.
   const ChildResult instant = run_in_child(base_args, "planned", 0, "-");
   const double bandwidth = instant.h2d_bytes / (instant.step_ms / 1e3);
@@ -248,7 +252,7 @@ void measure(Options options, const std::vector<std::string>& parent_args) {
     return;
   }
   plan::CostModel model;
-  model.device_budget = *detail::parse_size(options.budget);
+  model.device_budget = *budget_bytes;
   model.chunk_size = traced.chunk_size;
   model.h2d_bytes_per_s = bandwidth;
   model.d2h_bytes_per_s = bandwidth;
