@@ -24,6 +24,13 @@
 //   metric train_traced_step_ms         the planned run's last step, from its trace
 //   metric train_step_vs_sim_bound      that step over the simulator's bound
 //                                       for it (goal <= 1.15)
+//   metric train_sim_step_vs_bound_{planned,belady}  the simulator's own steady
+//                                       step under that policy over the same bound
+//   metric train_hideable_budget_mib    the smallest larger budget where the
+//                                       simulator hides the planned traffic (Note
+//                                       [Where the stall goal applies]); the planned
+//                                       run there prints the figures above with
+//                                       the suffix _hideable
 //
 // Each run is a child process of its own (spillway's configuration is once
 // per process): bench_train --child POLICY BANDWIDTH TRACE prints one
@@ -200,6 +207,126 @@ std::string resolve_budget(const Options& options, const std::vector<std::string
   return fmt::format("{:.0f}MiB", std::ceil(bytes / mib));
 }
 
+// The step that ended with event `last_step` in the trace file, which is
+// removed; nothing (and a failure reported) when it cannot be read.
+std::optional<TracedStep> read_traced_step(const std::string& trace, std::uint64_t last_step) {
+  const TraceReadResult read = read_trace_file(trace, {.allow_missing_end = true});
+  std::filesystem::remove(trace);
+  if (!read.ok()) {
+    report_failure(read.error);
+    return std::nullopt;
+  }
+  TracedStep traced = traced_step(*read.trace, last_step);
+  if (!traced.error.empty()) {
+    report_failure(traced.error);
+    return std::nullopt;
+  }
+  return traced;
+}
+
+// The simulator's steady step under `policy` over the bound; nothing when
+// the policy cannot run the trace.
+std::optional<double> simulated_step_vs_bound(const plan::StepTrace& step,
+                                              const plan::CostModel& model, plan::SimPolicy policy,
+                                              const plan::StepBound& bound) {
+  const plan::SimResult simulated = plan::simulate(step, model, policy, 4);
+  if (!simulated.ok()) return std::nullopt;
+  return simulated.last().step_ns / bound.bound_ns;
+}
+
+// The simulator's figures for a traced step, each metric's name ending in
+// `suffix`. False (a failure reported) when the simulator rejects the trace.
+bool report_simulated(const TracedStep& traced, const plan::CostModel& model,
+                      const std::string& suffix) {
+  try {
+    const plan::StepBound bound = plan::step_bound(traced.step, model);
+    const plan::SimResult simulated =
+        plan::simulate(traced.step, model, plan::SimPolicy::planned, 4);
+    report_note(fmt::format("traced step{}: {} ops, compute {:.1f} ms, bound {:.1f} ms", suffix,
+                            traced.step.ops.size(), bound.compute_ns / 1e6, bound.bound_ns / 1e6));
+    report_metric("train_sim_bound_ms" + suffix, bound.bound_ns / 1e6, "ms");
+    if (simulated.ok()) {
+      report_metric("train_sim_stall_fraction_planned" + suffix,
+                    simulated.last().stall_ns / simulated.last().step_ns, "ratio");
+      report_metric("train_sim_step_vs_bound_planned" + suffix,
+                    simulated.last().step_ns / bound.bound_ns, "ratio");
+    }
+    if (const auto belady =
+            simulated_step_vs_bound(traced.step, model, plan::SimPolicy::belady, bound))
+      report_metric("train_sim_step_vs_bound_belady" + suffix, *belady, "ratio");
+    // The traced step's own wall time: the same step the bound is for.
+    report_metric("train_traced_step_ms" + suffix, traced.wall_ns / 1e6, "ms");
+    report_metric("train_step_vs_sim_bound" + suffix, traced.wall_ns / bound.bound_ns, "ratio");
+    return true;
+  } catch (const std::exception& e) {
+    report_failure(std::string("cost simulator: ") + e.what());
+    return false;
+  }
+}
+
+// Note [Where the stall goal applies]
+// The planned policy's stall goal (at most 0.05 of the step) applies where
+// the cost simulator says the traffic can be hidden. At the default budget
+// (half the chunks resident) it does not: the simulator's own planned
+// policy stalls about 0.4 of its step there, and its offline Belady with
+// prefetch takes 1.5 to 1.7 times the bound. Nor at any budget where chunks
+// move, with the bandwidth the benchmark's construction gives each
+// (report_budget_sweep). So the benchmark also finds the smallest budget,
+// above the one measured, at which the simulator, on the traced step and
+// at the same bandwidth, hides the planned policy's traffic (a stall of at
+// most kHiddenStall of its step) while chunks still move, and runs the
+// planned policy there. "Hidden" is stricter than the goal on purpose: at
+// 55 MiB the simulator expects 0.047, the run measures 0.05 to 0.09, and a
+// goal tested where the model itself expects it to be missed by a hair
+// tests the noise. Budgets go up 1 MiB at a time to the first at which
+// nothing moves; the simulator takes the traced step's non-model bytes,
+// which do not depend on the budget.
+constexpr double kHiddenStall = 0.01;
+
+std::optional<std::uint64_t> hideable_budget(const plan::StepTrace& step, plan::CostModel model) {
+  constexpr std::uint64_t kStep = 1 << 20;
+  const std::uint64_t start = (model.device_budget / kStep + 1) * kStep;
+  for (std::uint64_t budget = start; budget <= 512 * kStep; budget += kStep) {
+    model.device_budget = budget;
+    const plan::SimResult simulated = plan::simulate(step, model, plan::SimPolicy::planned, 4);
+    if (!simulated.ok()) continue;
+    const plan::StepCost& last = simulated.last();
+    if (last.h2d_bytes == 0) return std::nullopt;
+    if (last.stall_ns <= kHiddenStall * last.step_ns) return budget;
+  }
+  return std::nullopt;
+}
+
+// The simulator's view of every budget from `model`'s up to the first at
+// which nothing moves, each at the bandwidth the benchmark's construction
+// would give it (its own traffic with instant copies over the step's
+// compute), as notes: whether any budget makes the traffic hideable.
+void report_budget_sweep(const plan::StepTrace& step, plan::CostModel model) {
+  constexpr std::uint64_t kStep = 1 << 20;
+  report_note("the simulator at each budget, with copies taking as long as compute:");
+  report_note(
+      "budget MiB | MiB/step | GB/s | planned stall | planned step/bound | belady step/bound");
+  for (std::uint64_t budget = model.device_budget; budget <= 512 * kStep; budget += kStep) {
+    model.device_budget = budget;
+    plan::CostModel instant = model;
+    instant.h2d_bytes_per_s = instant.d2h_bytes_per_s = 0;
+    const plan::SimResult traffic = plan::simulate(step, instant, plan::SimPolicy::planned, 4);
+    if (!traffic.ok() || traffic.last().h2d_bytes == 0) return;
+    model.h2d_bytes_per_s = model.d2h_bytes_per_s =
+        static_cast<double>(traffic.last().h2d_bytes) * 1e9 / traffic.last().step_ns;
+    const plan::SimResult planned = plan::simulate(step, model, plan::SimPolicy::planned, 4);
+    const plan::StepBound bound = plan::step_bound(step, model);
+    const std::optional<double> belady =
+        simulated_step_vs_bound(step, model, plan::SimPolicy::belady, bound);
+    if (!planned.ok() || !belady) continue;
+    report_note(fmt::format("{:10} | {:8.1f} | {:4.2f} | {:13.3f} | {:18.3f} | {:17.3f}",
+                            budget / kStep, traffic.last().h2d_bytes / 1048576.0,
+                            model.h2d_bytes_per_s / 1e9,
+                            planned.last().stall_ns / planned.last().step_ns,
+                            planned.last().step_ns / bound.bound_ns, *belady));
+  }
+}
+
 // The runs and the simulator; failures go to report_failure.
 void measure(Options options, const std::vector<std::string>& parent_args) {
   options.budget = resolve_budget(options, parent_args);
@@ -239,39 +366,38 @@ void measure(Options options, const std::vector<std::string>& parent_args) {
                 lru.spill_wait_ms / (lru.total_step_ms / options.steps), "ratio");
   report_metric("train_step_vs_compute_planned", planned.step_ms / instant.step_ms, "ratio");
   // 3. The cost simulator on the traced step (the last one).
-  const TraceReadResult read = read_trace_file(trace, {.allow_missing_end = true});
-  std::filesystem::remove(trace);
-  if (!read.ok()) {
-    report_failure(read.error);
-    return;
-  }
   const auto last_step = static_cast<std::uint64_t>(options.warmup + options.steps);
-  const TracedStep traced = traced_step(*read.trace, last_step);
-  if (!traced.error.empty()) {
-    report_failure(traced.error);
-    return;
-  }
   plan::CostModel model;
   model.device_budget = *budget_bytes;
-  model.chunk_size = traced.chunk_size;
   model.h2d_bytes_per_s = bandwidth;
   model.d2h_bytes_per_s = bandwidth;
-  try {
-    const plan::StepBound bound = plan::step_bound(traced.step, model);
-    const plan::SimResult simulated =
-        plan::simulate(traced.step, model, plan::SimPolicy::planned, 4);
-    report_note(fmt::format("traced step: {} ops, compute {:.1f} ms, bound {:.1f} ms",
-                            traced.step.ops.size(), bound.compute_ns / 1e6, bound.bound_ns / 1e6));
-    report_metric("train_sim_bound_ms", bound.bound_ns / 1e6, "ms");
-    if (simulated.ok())
-      report_metric("train_sim_stall_fraction_planned",
-                    simulated.last().stall_ns / simulated.last().step_ns, "ratio");
-    // The traced step's own wall time: the same step the bound is for.
-    report_metric("train_traced_step_ms", traced.wall_ns / 1e6, "ms");
-    report_metric("train_step_vs_sim_bound", traced.wall_ns / bound.bound_ns, "ratio");
-  } catch (const std::exception& e) {
-    report_failure(std::string("cost simulator: ") + e.what());
+  const std::optional<TracedStep> traced = read_traced_step(trace, last_step);
+  if (!traced) return;
+  model.chunk_size = traced->chunk_size;
+  if (!report_simulated(*traced, model, "")) return;
+  report_budget_sweep(traced->step, model);
+  // 4. Where the simulator hides the traffic: Note [Where the stall goal applies].
+  const std::optional<std::uint64_t> hideable = hideable_budget(traced->step, model);
+  if (!hideable) {
+    report_note(
+        "no budget between this one and the whole model's where the simulator hides "
+        "the planned policy's traffic");
+    return;
   }
+  const std::string hideable_budget = fmt::format("{}", *hideable);
+  report_metric("train_hideable_budget_mib", static_cast<double>(*hideable) / 1048576.0, "MiB");
+  const ChildResult hidden =
+      run_in_child(with_budget(parent_args, hideable_budget), "planned", bandwidth, trace);
+  report_metric("train_hideable_h2d_mib_per_step", hidden.h2d_bytes / 1048576.0, "MiB");
+  report_metric("train_step_ms_planned_hideable", hidden.step_ms, "ms");
+  report_metric("train_stall_fraction_planned_hideable",
+                hidden.stall_ms / (hidden.total_step_ms / options.steps), "ratio");
+  report_metric("train_spill_wait_fraction_planned_hideable",
+                hidden.spill_wait_ms / (hidden.total_step_ms / options.steps), "ratio");
+  const std::optional<TracedStep> hidden_traced = read_traced_step(trace, last_step);
+  if (!hidden_traced) return;
+  model.device_budget = *hideable;
+  report_simulated(*hidden_traced, model, "_hideable");
 }
 
 int run_parent(const Options& options, const std::vector<std::string>& base_args) {
