@@ -20,6 +20,8 @@
 //                                       allocator gave memory back for spills
 //                                       (CachingAllocator::release_wait_ns), same base
 //   metric train_step_vs_compute_planned  planned step over train_compute_ms
+//   metric train_sim_budget_mib         the budget the simulator runs at: the
+//                                       runs', or the smallest it accepts if more
 //   metric train_sim_stall_fraction_planned  the cost simulator's, same trace
 //   metric train_traced_step_ms         the planned run's last step, from its trace
 //   metric train_step_vs_sim_bound      that step over the simulator's bound
@@ -94,7 +96,9 @@ struct ChildResult {
 // whole demo model. By default the budget is measured instead: a run with
 // everything resident gives the peak of non-model memory (activations,
 // Adam's state) and the bytes of the model's chunks, and the budget is that
-// peak plus half those chunks, so about half the model moves each step.
+// peak plus half those chunks, so about half the model moves each step; or,
+// where more, the smallest budget the cost simulator accepts for that run's
+// traced step, so that the simulator can run at the budget measured.
 
 double stat(const nlohmann::json& json, const char* key) {
   return json.contains(key) ? json.at(key).get<double>() : 0.0;
@@ -157,7 +161,8 @@ ChildResult run_in_child(const std::vector<std::string>& base_args, const std::s
   // popen runs a shell, whose /proc/self/exe is the shell: name this program.
   std::string command = "'" + std::filesystem::read_symlink("/proc/self/exe").string() + "'";
   for (const std::string& arg : base_args) command += " '" + arg + "'";
-  command += fmt::format(" --child {} {:.0f} {}", policy, bandwidth, trace);
+  // Its errors too: the parent's message carries them.
+  command += fmt::format(" --child {} {:.0f} {} 2>&1", policy, bandwidth, trace);
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) throw std::runtime_error("cannot start " + command);
   std::string output;
@@ -165,9 +170,12 @@ ChildResult run_in_child(const std::vector<std::string>& base_args, const std::s
   while (std::fgets(buffer, sizeof buffer, pipe) != nullptr) output += buffer;
   const int status = pclose(pipe);
   const std::size_t at = output.find("child-result ");
-  if (status != 0 || at == std::string::npos)
+  if (status != 0 || at == std::string::npos) {
+    // torch's errors end with their C++ backtrace: not for the reader.
+    output = output.substr(0, output.find("\nException raised from"));
     throw std::runtime_error(
-        fmt::format("the {} run failed (status {}):\n{}", policy, status, output));
+        fmt::format("the {} run failed (status {}): {}", policy, status, output));
+  }
   std::istringstream line(output.substr(at + 13));
   ChildResult result;
   line >> result.step_ms >> result.stall_ms >> result.expected_ms >> result.h2d_bytes >>
@@ -192,36 +200,52 @@ std::vector<std::string> with_budget(const std::vector<std::string>& args,
   return result;
 }
 
+// A trace file for one child run, in the temporary folder.
+std::string trace_path(const std::string& run) {
+  return (std::filesystem::temp_directory_path() /
+          fmt::format("bench_train_{}_{}.trace", getpid(), run))
+      .string();
+}
+
+// The step event that ends a run's last timed step.
+std::uint64_t last_step(const Options& options) {
+  return static_cast<std::uint64_t>(options.warmup + options.steps);
+}
+
+// The step that ended with event `step` in the trace file, which is
+// removed. Throws when it cannot be read.
+TracedStep read_traced_step(const std::string& trace, std::uint64_t step) {
+  const TraceReadResult read = read_trace_file(trace, {.allow_missing_end = true});
+  std::filesystem::remove(trace);
+  if (!read.ok()) throw std::runtime_error(read.error);
+  TracedStep traced = traced_step(*read.trace, step);
+  if (!traced.error.empty()) throw std::runtime_error(traced.error);
+  return traced;
+}
+
 // Note [A budget that makes chunks move]: `options.budget`, or measured.
 std::string resolve_budget(const Options& options, const std::vector<std::string>& base_args) {
   if (options.budget != "auto") return options.budget;
   // Below sim_capacity, above anything the demo's sizes need.
-  const ChildResult everything = run_in_child(with_budget(base_args, "480MiB"), "planned", 0, "-");
+  const std::string trace = trace_path("everything");
+  const ChildResult everything =
+      run_in_child(with_budget(base_args, "480MiB"), "planned", 0, trace);
   if (everything.h2d_bytes > 0)
     throw std::runtime_error("--budget auto: chunks moved with a budget of 480 MiB");
+  const TracedStep traced = read_traced_step(trace, last_step(options));
   const double mib = 1048576.0;
-  const double bytes = everything.non_model_peak_bytes + everything.chunk_capacity_bytes / 2;
-  report_note(fmt::format("--budget auto: non-model peak {:.1f} MiB, chunks {:.1f} MiB",
-                          everything.non_model_peak_bytes / mib,
-                          everything.chunk_capacity_bytes / mib));
+  // The cost simulator cannot run below its smallest budget: at least that.
+  plan::CostModel model;
+  model.chunk_size = traced.chunk_size;
+  const double simulated = static_cast<double>(plan::smallest_budget(traced.step, model));
+  const double bytes =
+      std::max(everything.non_model_peak_bytes + everything.chunk_capacity_bytes / 2, simulated);
+  report_note(fmt::format(
+      "--budget auto: non-model peak {:.1f} MiB, chunks {:.1f} MiB, the simulator's smallest "
+      "budget {:.1f} MiB",
+      everything.non_model_peak_bytes / mib, everything.chunk_capacity_bytes / mib,
+      simulated / mib));
   return fmt::format("{:.0f}MiB", std::ceil(bytes / mib));
-}
-
-// The step that ended with event `last_step` in the trace file, which is
-// removed; nothing (and a failure reported) when it cannot be read.
-std::optional<TracedStep> read_traced_step(const std::string& trace, std::uint64_t last_step) {
-  const TraceReadResult read = read_trace_file(trace, {.allow_missing_end = true});
-  std::filesystem::remove(trace);
-  if (!read.ok()) {
-    report_failure(read.error);
-    return std::nullopt;
-  }
-  TracedStep traced = traced_step(*read.trace, last_step);
-  if (!traced.error.empty()) {
-    report_failure(traced.error);
-    return std::nullopt;
-  }
-  return traced;
 }
 
 // The simulator's steady step under `policy` over the bound; nothing when
@@ -235,33 +259,26 @@ std::optional<double> simulated_step_vs_bound(const plan::StepTrace& step,
 }
 
 // The simulator's figures for a traced step, each metric's name ending in
-// `suffix`. False (a failure reported) when the simulator rejects the trace.
-bool report_simulated(const TracedStep& traced, const plan::CostModel& model,
+// `suffix`.
+void report_simulated(const TracedStep& traced, const plan::CostModel& model,
                       const std::string& suffix) {
-  try {
-    const plan::StepBound bound = plan::step_bound(traced.step, model);
-    const plan::SimResult simulated =
-        plan::simulate(traced.step, model, plan::SimPolicy::planned, 4);
-    report_note(fmt::format("traced step{}: {} ops, compute {:.1f} ms, bound {:.1f} ms", suffix,
-                            traced.step.ops.size(), bound.compute_ns / 1e6, bound.bound_ns / 1e6));
-    report_metric("train_sim_bound_ms" + suffix, bound.bound_ns / 1e6, "ms");
-    if (simulated.ok()) {
-      report_metric("train_sim_stall_fraction_planned" + suffix,
-                    simulated.last().stall_ns / simulated.last().step_ns, "ratio");
-      report_metric("train_sim_step_vs_bound_planned" + suffix,
-                    simulated.last().step_ns / bound.bound_ns, "ratio");
-    }
-    if (const auto belady =
-            simulated_step_vs_bound(traced.step, model, plan::SimPolicy::belady, bound))
-      report_metric("train_sim_step_vs_bound_belady" + suffix, *belady, "ratio");
-    // The traced step's own wall time: the same step the bound is for.
-    report_metric("train_traced_step_ms" + suffix, traced.wall_ns / 1e6, "ms");
-    report_metric("train_step_vs_sim_bound" + suffix, traced.wall_ns / bound.bound_ns, "ratio");
-    return true;
-  } catch (const std::exception& e) {
-    report_failure(std::string("cost simulator: ") + e.what());
-    return false;
-  }
+  const plan::StepBound bound = plan::step_bound(traced.step, model);
+  const plan::SimResult simulated = plan::simulate(traced.step, model, plan::SimPolicy::planned, 4);
+  report_note(fmt::format("traced step{}: {} ops, compute {:.1f} ms, bound {:.1f} ms", suffix,
+                          traced.step.ops.size(), bound.compute_ns / 1e6, bound.bound_ns / 1e6));
+  report_metric("train_sim_bound_ms" + suffix, bound.bound_ns / 1e6, "ms");
+  if (!simulated.ok()) throw std::runtime_error("cost simulator, planned: " + simulated.error);
+  report_metric("train_sim_stall_fraction_planned" + suffix,
+                simulated.last().stall_ns / simulated.last().step_ns, "ratio");
+  report_metric("train_sim_step_vs_bound_planned" + suffix,
+                simulated.last().step_ns / bound.bound_ns, "ratio");
+  const plan::SimResult belady = plan::simulate(traced.step, model, plan::SimPolicy::belady, 4);
+  if (!belady.ok()) throw std::runtime_error("cost simulator, belady: " + belady.error);
+  report_metric("train_sim_step_vs_bound_belady" + suffix, belady.last().step_ns / bound.bound_ns,
+                "ratio");
+  // The traced step's own wall time: the same step the bound is for.
+  report_metric("train_traced_step_ms" + suffix, traced.wall_ns / 1e6, "ms");
+  report_metric("train_step_vs_sim_bound" + suffix, traced.wall_ns / bound.bound_ns, "ratio");
 }
 
 // Note [Where the stall goal applies]
@@ -347,9 +364,7 @@ void measure(Options options, const std::vector<std::string>& parent_args) {
     return;
   }
   // 2. Both policies at that bandwidth; the planned run traced.
-  const std::string trace =
-      (std::filesystem::temp_directory_path() / fmt::format("bench_train_{}.trace", getpid()))
-          .string();
+  const std::string trace = trace_path("planned");
   const ChildResult planned = run_in_child(base_args, "planned", bandwidth, trace);
   const ChildResult lru = run_in_child(base_args, "lru", bandwidth, "-");
   report_metric("train_step_ms_planned", planned.step_ms, "ms");
@@ -366,38 +381,41 @@ void measure(Options options, const std::vector<std::string>& parent_args) {
                 lru.spill_wait_ms / (lru.total_step_ms / options.steps), "ratio");
   report_metric("train_step_vs_compute_planned", planned.step_ms / instant.step_ms, "ratio");
   // 3. The cost simulator on the traced step (the last one).
-  const auto last_step = static_cast<std::uint64_t>(options.warmup + options.steps);
+  const TracedStep traced = read_traced_step(trace, last_step(options));
   plan::CostModel model;
-  model.device_budget = *budget_bytes;
+  model.chunk_size = traced.chunk_size;
   model.h2d_bytes_per_s = bandwidth;
   model.d2h_bytes_per_s = bandwidth;
-  const std::optional<TracedStep> traced = read_traced_step(trace, last_step);
-  if (!traced) return;
-  model.chunk_size = traced->chunk_size;
-  if (!report_simulated(*traced, model, "")) return;
-  report_budget_sweep(traced->step, model);
+  model.device_budget = std::max(*budget_bytes, plan::smallest_budget(traced.step, model));
+  if (model.device_budget > *budget_bytes)
+    report_note(fmt::format(
+        "the simulator's ops need {:.1f} MiB (an op's chunks and its non-model peak, each "
+        "over the whole op): it runs at that budget",
+        static_cast<double>(model.device_budget) / 1048576.0));
+  report_metric("train_sim_budget_mib", static_cast<double>(model.device_budget) / 1048576.0,
+                "MiB");
+  report_simulated(traced, model, "");
+  report_budget_sweep(traced.step, model);
   // 4. Where the simulator hides the traffic: Note [Where the stall goal applies].
-  const std::optional<std::uint64_t> hideable = hideable_budget(traced->step, model);
+  const std::optional<std::uint64_t> hideable = hideable_budget(traced.step, model);
   if (!hideable) {
     report_note(
         "no budget between this one and the whole model's where the simulator hides "
         "the planned policy's traffic");
     return;
   }
-  const std::string hideable_budget = fmt::format("{}", *hideable);
   report_metric("train_hideable_budget_mib", static_cast<double>(*hideable) / 1048576.0, "MiB");
-  const ChildResult hidden =
-      run_in_child(with_budget(parent_args, hideable_budget), "planned", bandwidth, trace);
+  const std::string hidden_trace = trace_path("hideable");
+  const ChildResult hidden = run_in_child(with_budget(parent_args, fmt::format("{}", *hideable)),
+                                          "planned", bandwidth, hidden_trace);
   report_metric("train_hideable_h2d_mib_per_step", hidden.h2d_bytes / 1048576.0, "MiB");
   report_metric("train_step_ms_planned_hideable", hidden.step_ms, "ms");
   report_metric("train_stall_fraction_planned_hideable",
                 hidden.stall_ms / (hidden.total_step_ms / options.steps), "ratio");
   report_metric("train_spill_wait_fraction_planned_hideable",
                 hidden.spill_wait_ms / (hidden.total_step_ms / options.steps), "ratio");
-  const std::optional<TracedStep> hidden_traced = read_traced_step(trace, last_step);
-  if (!hidden_traced) return;
   model.device_budget = *hideable;
-  report_simulated(*hidden_traced, model, "_hideable");
+  report_simulated(read_traced_step(hidden_trace, last_step(options)), model, "_hideable");
 }
 
 int run_parent(const Options& options, const std::vector<std::string>& base_args) {

@@ -175,6 +175,21 @@ TEST(Planner, CleanChunksAreEvictedBeforeDirtyOnesAtEqualDistance) {
   EXPECT_TRUE(plan.end.at(0));
 }
 
+TEST(Planner, TheSmallestBudgetIsTheLargestOpsChunksAndNonModelBytes) {
+  StepTrace trace;
+  trace.ops.push_back({"embed", 1, 4096, {{0, false}}});
+  // Chunk 1 twice: counted once.
+  trace.ops.push_back({"attention", 1, 512, {{1, false}, {2, false}, {1, true}}});
+  CostModel model{0, kChunk};
+  model.margin_bytes = 100;
+  const std::uint64_t smallest = smallest_budget(trace, model);
+  EXPECT_EQ(smallest, 2 * kChunk + 512 + 100);
+  model.device_budget = smallest;
+  EXPECT_NO_THROW(chunk_capacity(trace, model));
+  model.device_budget = smallest - 1;
+  EXPECT_THROW(chunk_capacity(trace, model), PlanError);
+}
+
 TEST(Planner, AnOpThatCannotFitNamesItselfAndTheBytes) {
   StepTrace trace;
   trace.ops.push_back({"embed", 1, 0, {{0, false}}});

@@ -63,6 +63,14 @@ struct Miss {
 
 }  // namespace
 
+std::uint64_t smallest_budget(const StepTrace& trace, const CostModel& model) {
+  std::uint64_t smallest = 0;
+  for (const TracedOp& op : trace.ops)
+    smallest = std::max(smallest, distinct_chunks(op).size() * model.chunk_size +
+                                      op.non_model_bytes + model.margin_bytes);
+  return smallest;
+}
+
 std::vector<std::size_t> chunk_capacity(const StepTrace& trace, const CostModel& model) {
   if (model.chunk_size == 0) throw PlanError("planner: chunk_size is 0");
   std::vector<std::size_t> capacity;

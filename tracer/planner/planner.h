@@ -106,6 +106,9 @@ class PlanError : public std::runtime_error {
 // Chunks that fit beside each op's non-model bytes. Throws PlanError when an
 // op's own chunks and non-model bytes do not fit.
 std::vector<std::size_t> chunk_capacity(const StepTrace& trace, const CostModel& model);
+// The smallest device budget chunk_capacity accepts: the largest op's
+// distinct chunks (model.chunk_size each), non-model bytes and margin.
+std::uint64_t smallest_budget(const StepTrace& trace, const CostModel& model);
 
 // The plan for one step starting from `start` (extra resident chunks beyond
 // the first op's capacity are evicted before it).
