@@ -157,6 +157,17 @@ TEST(replay_Load, ChoosesTheFormatByContentAndReportsBinaryGarbage) {
       << result.error;
   std::filesystem::remove(csv);
 
+  // A snapshot pickled with protocol 0 ("(dp0\n...") or 1 ("}q\x00..."):
+  // named as such, not read as CSV lines.
+  for (const std::string old_pickle :
+       {std::string("(dp0\nVsegments\np1\n(lp2\ns."), std::string("}q\0X\1\0\0\0aq\1]q\2s.", 16)}) {
+    std::ofstream(csv, std::ios::binary) << old_pickle;
+    result = load_allocation_trace(csv.string());
+    ASSERT_FALSE(result.ok());
+    EXPECT_NE(result.error.find("a pickle of protocol 0 or 1"), std::string::npos) << result.error;
+  }
+  std::filesystem::remove(csv);
+
   result = load_allocation_trace("/nonexistent/x.csv");
   ASSERT_FALSE(result.ok());
   EXPECT_NE(result.error.find("/nonexistent/x.csv: cannot open"), std::string::npos);

@@ -242,6 +242,14 @@ AllocationTraceResult load_allocation_trace(const std::string& path,
     }
     return allocation_trace_from_snapshot(read.document, options.snapshot_device, path);
   }
+  if (looks_like_old_pickle(bytes)) {
+    result.error =
+        path +
+        ": byte offset 0: a pickle of protocol 0 or 1; spillway-replay reads protocols 2 to 5 "
+        "(torch.cuda.memory._dump_snapshot writes the default, 4 or 5). Write it again with "
+        "pickle.dump(snapshot, f) or protocol=4";
+    return result;
+  }
   // Not a binary trace: CSV must be text.
   if (bytes.find('\0') != std::string::npos) {
     result.error = path + ": byte offset " + std::to_string(bytes.find('\0')) +

@@ -695,6 +695,12 @@ bool looks_like_pickle(std::string_view bytes) {
          static_cast<std::uint8_t>(bytes[1]) >= 2 && static_cast<std::uint8_t>(bytes[1]) <= 5;
 }
 
+bool looks_like_old_pickle(std::string_view bytes) {
+  if (bytes.size() < 2 || bytes.back() != kStop) return false;
+  const auto first = static_cast<std::uint8_t>(bytes.front());
+  return first == kMark || first == kEmptyDict || first == kEmptyList || first == kEmptyTuple;
+}
+
 PickleReadResult read_pickle(std::string bytes, const PickleLimits& limits) {
   return PickleParser(std::move(bytes), limits).run();
 }

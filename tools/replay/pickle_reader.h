@@ -95,6 +95,11 @@ struct PickleReadResult {
 // True when `bytes` starts like a pickle of protocol 2 or later (PROTO, then
 // a version byte).
 bool looks_like_pickle(std::string_view bytes);
+// True when `bytes` looks like a pickle of protocol 0 or 1, which have no
+// PROTO opcode: a container opcode first (MARK, EMPTY_DICT, EMPTY_LIST,
+// EMPTY_TUPLE) and STOP last. This reader does not take them; the check only
+// lets the error say so.
+bool looks_like_old_pickle(std::string_view bytes);
 
 // Reads one pickle from the start of `bytes` (what follows its STOP is
 // ignored, as Python's pickle.load does).
