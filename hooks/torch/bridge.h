@@ -44,6 +44,9 @@ struct ManagedParam {
   at::Tensor bound_param;
   at::Tensor bound_grad;  // chunk-resident; param.grad() unless autograd replaced it
   TensorId grad_id{};
+  // requires_grad was false at manage(): no grad chunk, no accumulation hook
+  // (Note [A parameter unfrozen after manage()] in rank_layout.cc).
+  bool frozen_when_managed = false;
   c10::StorageImpl* bound_grad_storage = nullptr;
   std::mutex grad_mutex;  // serialises rebinding of this parameter's gradient
   // Note [Binding right after accumulation] (grad_binding.cc): the

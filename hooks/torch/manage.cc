@@ -99,7 +99,8 @@ void manage_params(const std::vector<std::pair<std::string, torch::Tensor>>& nam
     managed->param_id = register_storage(chunks, client, TensorKind::param, param, name);
     // The gradient has the parameter's layout, hence its storage size. A
     // frozen parameter (requires_grad false) gets none.
-    if (param.requires_grad())
+    managed->frozen_when_managed = !param.requires_grad();
+    if (!managed->frozen_when_managed)
       managed->grad_id = register_storage(chunks, client, TensorKind::grad, param, name + ".grad");
     placed.emplace_back(name, std::move(managed));
   }

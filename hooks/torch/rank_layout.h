@@ -36,6 +36,9 @@ struct RankLayout {
   // One line per parameter, in layout order: what every rank must agree on
   // (name, dtype, shape, chunk and offset).
   std::vector<std::string> descriptions;
+  // Parameters that require grad now but did not at manage(), by name (Note
+  // [A parameter unfrozen after manage()] in rank_layout.cc).
+  std::vector<std::string> unfrozen_since_managed;
 };
 
 // The layouts of the clients that hold managed parameters (models, not
@@ -49,7 +52,8 @@ at::Tensor all_gather_rows(c10d::ProcessGroup& group, const at::Tensor& row, std
 
 // Compares the layouts across the group's ranks (a collective: every rank
 // calls it with its own). Throws std::runtime_error naming the first
-// parameter where this rank's layout differs from rank 0's.
+// parameter where this rank's layout differs from rank 0's, or, where they
+// agree, the first parameter unfrozen since manage().
 void check_layouts_agree(c10d::ProcessGroup& group, const std::vector<RankLayout>& layouts);
 
 }  // namespace spillway::torch_bridge

@@ -19,7 +19,10 @@ under reentrant activation checkpointing; its chunk groups span them);
 backward reaches no managed model; saves what the optimizer step raised);
 "shared" (each rank owns a parameter used both inside and outside a
 reentrant checkpoint, so one backward writes its gradient twice; saves the
-error).
+error);
+"unfrozen" (the first layer frozen at manage() and unfrozen after: one
+backward, whose error is saved; then the model managed again and trained as
+"adam").
 """
 
 import sys
@@ -50,7 +53,7 @@ def make_model(kind="adam"):
 
 
 def make_optimizer(kind, params):
-    if kind in ("adam", "clip", "save", "resume", "checkpointed", "deep"):
+    if kind in ("adam", "clip", "save", "resume", "checkpointed", "deep", "unfrozen"):
         return torch.optim.Adam(params, lr=1e-3)
     return torch.optim.SGD(params, lr=0.05, momentum=0.9)
 
@@ -130,6 +133,19 @@ def written_twice(rank, folder):
     torch.save({"error": message}, f"{folder}/rank{rank}.pt")
 
 
+def backward_after_unfreezing(model, rank):
+    """One backward after the first layer, frozen when manage() took the
+    model, was unfrozen (Note [A parameter unfrozen after manage()]). Returns
+    what it raised."""
+    model[0].requires_grad_(True)
+    x, y = batch(0, rank)
+    try:
+        F.mse_loss(model(x), y).backward()
+    except RuntimeError as error:
+        return str(error)
+    return "did not raise"
+
+
 def step_without_reaching(model, rank, world, folder):
     """One step in which the last rank's backward reaches no managed model
     (Note [What each rank is reducing for]). Saves what was raised."""
@@ -165,7 +181,14 @@ def main():
         dist.destroy_process_group()
         return
     model = make_model(kind)
+    if kind == "unfrozen":
+        model[0].requires_grad_(False)
     spillway.manage(model)  # torch.distributed's default group
+    error = None
+    if kind == "unfrozen":
+        error = backward_after_unfreezing(model, rank)
+        spillway.unmanage(model)  # the remedy the error names
+        spillway.manage(model)
     if kind == "unreached":
         step_without_reaching(model, rank, world, folder)
         dist.destroy_process_group()
@@ -218,7 +241,7 @@ def main():
     assert all(spillway._C._is_managed(p) for p in model.parameters())
     torch.save({"params": [p.detach().clone() for p in model.parameters()],
                 "states": [state_of(optimizer, p) for p in model.parameters()],
-                "norms": norms, "scales": scales, "finite": finite,
+                "norms": norms, "scales": scales, "finite": finite, "error": error,
                 "traffic": spillway.data_parallel_traffic()},
                f"{folder}/rank{rank}.pt")
     if distributed:

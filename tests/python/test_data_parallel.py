@@ -152,6 +152,21 @@ def assert_matches(results, expected_params, expected_states):
             assert torch.equal(mine, theirs), f"parameter {i}, state on rank {holders[0]}"
 
 
+def test_a_parameter_unfrozen_after_manage_is_refused_until_managed_again(tmp_path):
+    """The first layer does not require grad when manage() takes the model,
+    and does after: its gradients would stay outside any chunk, reduced by
+    nothing, and each rank would step its own. The first backward raises
+    on every rank, naming them (Note [A parameter unfrozen after
+    manage()]); managed again, the model trains bit for bit as torch on the
+    mean gradient."""
+    results = run_ranks(2, tmp_path / "ranks", "unfrozen")
+    for rank, result in enumerate(results):
+        assert "parameter(s) '0.weight', '0.bias' of model 'Sequential#0' did not require grad " \
+            "when manage() took the model" in result["error"], (rank, result["error"])
+    expected_params, expected_states, _ = oracle(2, "unfrozen")
+    assert_matches(results, expected_params, expected_states)
+
+
 def test_accumulating_without_no_sync_raises_naming_it(tmp_path):
     """The second micro-batch's backward outside spillway.no_sync() would add
     to gradients the first reduced (Note [A backward onto a reduced
