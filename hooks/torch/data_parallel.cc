@@ -87,6 +87,7 @@
 
 #include <fmt/format.h>
 
+#include "hooks/torch/client_names.h"
 #include "hooks/torch/collective_wait.h"
 #include "hooks/torch/rank_layout.h"
 #include "hooks/torch/spillway_torch.h"
@@ -320,12 +321,12 @@ void check_unwritten_since_packed(const PackedGradient& before) {
   const std::optional<TensorInfo> info =
       active_chunk_manager().tensor_info(before.managed->param_id);
   throw std::runtime_error(fmt::format(
-      "spillway data parallel: a backward wrote the gradient of '{}' while its chunk group's "
-      "reduction across ranks was in flight, and the mean would overwrite what it wrote. "
-      "This happens when one backward writes a gradient twice, as a parameter used both "
-      "inside and outside a reentrant activation checkpoint does: checkpoint with "
+      "spillway data parallel: a backward wrote the gradient of '{}' of model '{}' while its "
+      "chunk group's reduction across ranks was in flight, and the mean would overwrite what "
+      "it wrote. This happens when one backward writes a gradient twice, as a parameter used "
+      "both inside and outside a reentrant activation checkpoint does: checkpoint with "
       "use_reentrant=False, or keep the parameter on one side",
-      info.has_value() ? info->name : std::string("?")));
+      info.has_value() ? info->name : std::string("?"), client_name(before.managed->client)));
 }
 
 // Fills `segment` (a byte tensor) with this rank's gradients of `layout`'s
@@ -700,13 +701,15 @@ void check_not_accumulating_onto_reduced(const ManagedParam& managed) {
     return;
   const std::optional<TensorInfo> info = active_chunk_manager().tensor_info(managed.param_id);
   throw std::runtime_error(fmt::format(
-      "spillway data parallel: a backward added to the gradient of '{}' after it was reduced "
-      "across ranks and before it was zeroed, so the next reduction would divide its mean by "
-      "the world size again. When accumulating, run every micro-batch's backward but the last "
-      "inside no_sync() (spillway::NoSync in C++), so that only the last one reduces; reduce "
-      "(reduce_gradients(), clip_grad_norm_, a GradScaler's unscale_) only after it, and zero "
-      "the gradients after each step",
-      info.has_value() ? info->name : std::string("?")));
+      "spillway data parallel: a backward added to the gradient of '{}' of model '{}' after "
+      "it was reduced across ranks and before it was zeroed, so the next reduction would "
+      "divide its mean by the world size again. When accumulating, run every micro-batch's "
+      "backward but the last inside no_sync() (spillway::NoSync in C++), so that only the "
+      "last one reduces; reduce (reduce_gradients(), clip_grad_norm_, a GradScaler's "
+      "unscale_) only after it, and zero the gradients after each step. A second loss "
+      "through a model already stepped (an actor's loss through its critic): zero that "
+      "model's gradients before its backward, or freeze the model during it",
+      info.has_value() ? info->name : std::string("?"), client_name(managed.client)));
 }
 
 void barrier(std::string_view what) {

@@ -174,6 +174,7 @@ def test_accumulating_without_no_sync_raises_naming_it(tmp_path):
     results = run_ranks(2, tmp_path / "ranks", "unsynced")
     for rank, result in enumerate(results):
         assert "after it was reduced across ranks" in result["error"], (rank, result["error"])
+        assert "of model 'Sequential#0'" in result["error"], (rank, result["error"])
         assert "no_sync()" in result["error"], (rank, result["error"])
 
 
@@ -200,7 +201,8 @@ def test_a_gradient_written_while_its_reduction_is_in_flight_raises(tmp_path):
     for rank, result in enumerate(results):
         assert "while its chunk group's reduction across ranks was in flight" in \
             result["error"], (rank, result["error"])
-        assert f"gradient of '{'ab'[rank]}'" in result["error"], (rank, result["error"])
+        assert f"gradient of '{'ab'[rank]}' of model 'UsedInsideAndOutside#0'" in \
+            result["error"], (rank, result["error"])
 
 
 def test_a_checkpoint_by_owner_resumes_at_any_world_size(tmp_path):
