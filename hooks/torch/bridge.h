@@ -44,9 +44,10 @@ struct ManagedParam {
   at::Tensor bound_param;
   at::Tensor bound_grad;  // chunk-resident; param.grad() unless autograd replaced it
   TensorId grad_id{};
-  // requires_grad was false at manage(): no grad chunk, no accumulation hook
-  // (Note [A parameter unfrozen after manage()] in rank_layout.cc).
-  bool frozen_when_managed = false;
+  // requires_grad was false at manage(), and no grad chunk or accumulation
+  // hook has been given since (Note [A parameter unfrozen after manage()] in
+  // manage.cc).
+  std::atomic<bool> without_gradient{false};
   c10::StorageImpl* bound_grad_storage = nullptr;
   std::mutex grad_mutex;  // serialises rebinding of this parameter's gradient
   // Note [Binding right after accumulation] (grad_binding.cc): the
@@ -182,5 +183,9 @@ void stop_rebinding_after_accumulation(ManagedParam& managed);
 // zero_grad, then backward), copies it into the grad chunk and binds the
 // chunk tensor again. Cheap when nothing changed.
 void rebind_grad_if_replaced(ChunkManager& chunks, ManagedParam& managed);
+// Note [A parameter unfrozen after manage()] (manage.cc): a parameter frozen
+// when managed that requires grad now gets its grad chunk, bound, and the
+// hook on its gradient accumulator. Cheap when there is nothing to do.
+void give_gradient_if_unfrozen(ChunkManager& chunks, const std::shared_ptr<ManagedParam>& managed);
 
 }  // namespace spillway::torch_bridge

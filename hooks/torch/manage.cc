@@ -99,8 +99,8 @@ void manage_params(const std::vector<std::pair<std::string, torch::Tensor>>& nam
     managed->param_id = register_storage(chunks, client, TensorKind::param, param, name);
     // The gradient has the parameter's layout, hence its storage size. A
     // frozen parameter (requires_grad false) gets none.
-    managed->frozen_when_managed = !param.requires_grad();
-    if (!managed->frozen_when_managed)
+    managed->without_gradient = !param.requires_grad();
+    if (!managed->without_gradient)
       managed->grad_id = register_storage(chunks, client, TensorKind::grad, param, name + ".grad");
     placed.emplace_back(name, std::move(managed));
   }
@@ -189,6 +189,34 @@ void unmanage_params(const std::vector<torch::Tensor>& params) {
 }  // namespace
 
 namespace torch_bridge {
+
+// Note [A parameter unfrozen after manage()]
+// manage() gives a parameter a grad chunk and a hook on its gradient
+// accumulator only if it requires grad then. One unfrozen later
+// (requires_grad_(True), as fine-tuning schedules do) would otherwise get
+// gradients that torch keeps outside any chunk and that no hook sees:
+// spillway's optimizers refuse them, and data parallel training would reduce
+// nothing, so each rank would step its own gradient, silently (torch's DDP
+// has that trap and documents it). So the parameter gets both when spillway
+// first sees it requiring grad: at the first op that uses it (op_hooks.cc),
+// before the forward records it in autograd's graph, and at every data
+// parallel reduction (rank_layouts), which every rank runs, so that a rank
+// whose forward did not use it still has a chunk for the owner's mean. A
+// gradient autograd already made is copied in (bind_grad).
+void give_gradient_if_unfrozen(ChunkManager& chunks, const std::shared_ptr<ManagedParam>& managed) {
+  if (!managed->without_gradient.load(std::memory_order_acquire) || !managed->param.requires_grad())
+    return;
+  static std::mutex giving;
+  std::lock_guard lock(giving);
+  if (!managed->without_gradient.load(std::memory_order_acquire)) return;  // another thread did
+  const std::optional<TensorInfo> info = chunks.tensor_info(managed->param_id);
+  const std::string name = info.has_value() ? info->name : std::string("a parameter");
+  managed->grad_id =
+      register_storage(chunks, managed->client, TensorKind::grad, managed->param, name + ".grad");
+  bind_grad(chunks, *managed);
+  rebind_after_accumulation(managed);
+  managed->without_gradient.store(false, std::memory_order_release);
+}
 
 void remove_clients_without_bindings(ChunkManager& chunks,
                                      const std::unordered_set<std::uint32_t>& clients) {

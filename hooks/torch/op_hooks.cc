@@ -264,6 +264,9 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   std::size_t overrun_bytes = 0;
   for (ManagedInput& input : managed) {
     if (input.binding.managed != nullptr && input.binding.kind == TensorKind::param) {
+      // Note [A parameter unfrozen after manage()] (manage.cc): throws only
+      // when registering fails, which the op cannot go on without.
+      give_gradient_if_unfrozen(chunks, input.binding.managed);
       try {
         rebind_grad_if_replaced(chunks, *input.binding.managed);
       } catch (const std::exception& e) {

@@ -26,20 +26,6 @@
 // of width 512 at N = 4 (bench_dp) this took each rank's traffic from 1.19
 // of the minimum to 1.02, and the largest state share from 1.19 of 1/N to
 // 1.03.
-//
-// Note [A parameter unfrozen after manage()]
-// manage() gives a parameter a grad chunk and a hook on its gradient
-// accumulator only if it requires grad then. One unfrozen later
-// (requires_grad_(True) on every rank, as in fine-tuning schedules) gets
-// gradients that torch keeps outside any chunk and that no hook sees, so no
-// reduction would send them: each rank would step its own gradient, and
-// training would go wrong with no error (torch's DDP has the same trap and
-// documents it). Whether a parameter requires grad is in the layout the
-// ranks compare, so every rank finds such a parameter at the same
-// comparison, and check_layouts_agree refuses it there, on every rank,
-// naming it: the first backward after the change, before anything is
-// reduced or stepped. Managing the model again (unmanage, then manage)
-// gives it a gradient.
 #include "hooks/torch/rank_layout.h"
 
 #include <algorithm>
@@ -49,7 +35,6 @@
 #include <utility>
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include "hooks/torch/client_names.h"
 #include "hooks/torch/collective_wait.h"
@@ -76,20 +61,6 @@ std::string describe(const ManagedParam& managed, const TensorInfo& info, std::s
 }
 
 constexpr std::string_view kComparingLayouts = "comparing the ranks' layouts";
-
-// Note [A parameter unfrozen after manage()]: layouts every rank agrees on.
-void refuse_unfrozen_since_managed(const std::vector<RankLayout>& layouts) {
-  for (const RankLayout& layout : layouts) {
-    if (layout.unfrozen_since_managed.empty()) continue;
-    throw std::runtime_error(fmt::format(
-        "spillway data parallel: parameter(s) '{}' of model '{}' did not require grad when "
-        "manage() took the model and require it now. manage() gave them no gradient chunk, so "
-        "their gradients would not be reduced across ranks and each rank would step its own. "
-        "Set requires_grad before manage(), or manage the model again after changing it "
-        "(spillway.unmanage(model), then spillway.manage(model))",
-        fmt::join(layout.unfrozen_since_managed, "', '"), layout.client_name));
-  }
-}
 
 }  // namespace
 
@@ -134,6 +105,7 @@ std::vector<RankLayout> rank_layouts(ChunkManager& chunks, int world_size,
     };
     std::vector<Placed> placed;
     for (auto& managed : params) {
+      give_gradient_if_unfrozen(chunks, managed);  // before anything is reduced
       std::optional<TensorInfo> info = chunks.tensor_info(managed->param_id);
       if (!info.has_value())
         continue;  // being dropped (Note [A parameter only the bridge holds goes])
@@ -154,8 +126,6 @@ std::vector<RankLayout> rank_layouts(ChunkManager& chunks, int world_size,
     for (ChunkGroup& group : layout.groups) group.members.resize(n);
     for (Placed& p : placed) {
       layout.descriptions.push_back(describe(*p.managed, p.info, p.chunk));
-      if (p.managed->frozen_when_managed && p.managed->param.requires_grad())
-        layout.unfrozen_since_managed.push_back(p.info.name);
       layout.groups[p.chunk / n].members[p.chunk % n].push_back(std::move(p.managed));
     }
     layouts.push_back(std::move(layout));
@@ -181,10 +151,7 @@ void check_layouts_agree(c10d::ProcessGroup& group, const std::vector<RankLayout
       at::tensor({static_cast<std::int64_t>(lines.size()), static_cast<std::int64_t>(combined)},
                  at::kLong),
       kComparingLayouts);
-  if (summary.eq(summary[0]).all().item<bool>()) {
-    refuse_unfrozen_since_managed(layouts);
-    return;
-  }
+  if (summary.eq(summary[0]).all().item<bool>()) return;
 
   // They differ: find the first line that does, with one more collective
   // that every rank takes part in, as every rank saw the mismatch.

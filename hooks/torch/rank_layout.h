@@ -36,13 +36,12 @@ struct RankLayout {
   // One line per parameter, in layout order: what every rank must agree on
   // (name, dtype, shape, chunk and offset).
   std::vector<std::string> descriptions;
-  // Parameters that require grad now but did not at manage(), by name (Note
-  // [A parameter unfrozen after manage()] in rank_layout.cc).
-  std::vector<std::string> unfrozen_since_managed;
 };
 
 // The layouts of the clients that hold managed parameters (models, not
 // optimizers), in the order they were added; `only` limits them to one.
+// Gives a gradient to every parameter unfrozen since manage() (Note [A
+// parameter unfrozen after manage()] in manage.cc).
 std::vector<RankLayout> rank_layouts(ChunkManager& chunks, int world_size,
                                      std::optional<ClientId> only = std::nullopt);
 
@@ -52,8 +51,7 @@ at::Tensor all_gather_rows(c10d::ProcessGroup& group, const at::Tensor& row, std
 
 // Compares the layouts across the group's ranks (a collective: every rank
 // calls it with its own). Throws std::runtime_error naming the first
-// parameter where this rank's layout differs from rank 0's, or, where they
-// agree, the first parameter unfrozen since manage().
+// parameter where this rank's layout differs from rank 0's.
 void check_layouts_agree(c10d::ProcessGroup& group, const std::vector<RankLayout>& layouts);
 
 }  // namespace spillway::torch_bridge

@@ -125,15 +125,40 @@ class _ChunkedOptimizer(torch.optim.Optimizer):
             master = entry.get("master")
             self._impl.set_param_state(
                 param, int(step.item() if torch.is_tensor(step) else step), started,
-                [_flat(values) for values in slots], None if master is None else _flat(master))
+                [_flat(values, param) for values in slots],
+                None if master is None else _flat(master, param))
+
+
+def _dense(param):
+    """Whether the parameter's elements fill its memory without gaps or
+    overlaps in some order of its dimensions (contiguous, channels_last, a
+    transpose): then its state lies in chunks in that same memory order."""
+    expected = 1
+    for size, stride in sorted(zip(param.shape, param.stride()), key=lambda d: d[1]):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _shaped(values, param):
-    return values.view(param.shape) if values.numel() == param.numel() else values
+    """A state slot (flat, in the parameter's memory order) with the
+    parameter's shape and strides, as torch's optimizers keep it."""
+    if values.numel() != param.numel():
+        return values
+    if param.is_contiguous() or not _dense(param):
+        return values.view(param.shape)
+    return values.as_strided(param.shape, param.stride())
 
 
-def _flat(values):
-    return values.detach().to("cpu", torch.float32).reshape(-1).contiguous()
+def _flat(values, param):
+    """A state slot from a state dict, flat in the parameter's memory order."""
+    values = values.detach().to("cpu", torch.float32)
+    if values.shape != param.shape or param.is_contiguous() or not _dense(param):
+        return values.reshape(-1).contiguous()
+    flat = torch.empty(values.numel(), dtype=torch.float32)
+    flat.as_strided(param.shape, param.stride()).copy_(values)
+    return flat
 
 
 def _check_common(lr, eps=0.0, weight_decay=0.0):

@@ -20,9 +20,8 @@ backward reaches no managed model; saves what the optimizer step raised);
 "shared" (each rank owns a parameter used both inside and outside a
 reentrant checkpoint, so one backward writes its gradient twice; saves the
 error);
-"unfrozen" (the first layer frozen at manage() and unfrozen after: one
-backward, whose error is saved; then the model managed again and trained as
-"adam").
+"unfrozen" (the first layer frozen when manage() takes the model and
+unfrozen after it, then trained as "adam").
 """
 
 import sys
@@ -133,19 +132,6 @@ def written_twice(rank, folder):
     torch.save({"error": message}, f"{folder}/rank{rank}.pt")
 
 
-def backward_after_unfreezing(model, rank):
-    """One backward after the first layer, frozen when manage() took the
-    model, was unfrozen (Note [A parameter unfrozen after manage()]). Returns
-    what it raised."""
-    model[0].requires_grad_(True)
-    x, y = batch(0, rank)
-    try:
-        F.mse_loss(model(x), y).backward()
-    except RuntimeError as error:
-        return str(error)
-    return "did not raise"
-
-
 def step_without_reaching(model, rank, world, folder):
     """One step in which the last rank's backward reaches no managed model
     (Note [What each rank is reducing for]). Saves what was raised."""
@@ -184,11 +170,8 @@ def main():
     if kind == "unfrozen":
         model[0].requires_grad_(False)
     spillway.manage(model)  # torch.distributed's default group
-    error = None
     if kind == "unfrozen":
-        error = backward_after_unfreezing(model, rank)
-        spillway.unmanage(model)  # the remedy the error names
-        spillway.manage(model)
+        model[0].requires_grad_(True)  # Note [A parameter unfrozen after manage()]
     if kind == "unreached":
         step_without_reaching(model, rank, world, folder)
         dist.destroy_process_group()
@@ -241,7 +224,7 @@ def main():
     assert all(spillway._C._is_managed(p) for p in model.parameters())
     torch.save({"params": [p.detach().clone() for p in model.parameters()],
                 "states": [state_of(optimizer, p) for p in model.parameters()],
-                "norms": norms, "scales": scales, "finite": finite, "error": error,
+                "norms": norms, "scales": scales, "finite": finite,
                 "traffic": spillway.data_parallel_traffic()},
                f"{folder}/rank{rank}.pt")
     if distributed:

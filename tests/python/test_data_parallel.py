@@ -85,7 +85,7 @@ def oracle(world, kind, steps=ranked.STEPS, resumed_world=None):
 
 @pytest.mark.parametrize("world,kind", [(2, "adam"), (3, "sgd"), (3, "clip"), (2, "amp"),
                                         (2, "accumulate"), (2, "checkpointed"),
-                                        (3, "checkpointed")])
+                                        (3, "checkpointed"), (2, "unfrozen")])
 def test_ranks_match_plain_torch_bit_for_bit(tmp_path, world, kind):
     results = run_ranks(world, tmp_path / "ranks", kind)
     expected_params, expected_states, expected_norms = oracle(world, kind)
@@ -150,21 +150,6 @@ def assert_matches(results, expected_params, expected_states):
         assert len(held) == len(state)
         for mine, theirs in zip(held, state):
             assert torch.equal(mine, theirs), f"parameter {i}, state on rank {holders[0]}"
-
-
-def test_a_parameter_unfrozen_after_manage_is_refused_until_managed_again(tmp_path):
-    """The first layer does not require grad when manage() takes the model,
-    and does after: its gradients would stay outside any chunk, reduced by
-    nothing, and each rank would step its own. The first backward raises
-    on every rank, naming them (Note [A parameter unfrozen after
-    manage()]); managed again, the model trains bit for bit as torch on the
-    mean gradient."""
-    results = run_ranks(2, tmp_path / "ranks", "unfrozen")
-    for rank, result in enumerate(results):
-        assert "parameter(s) '0.weight', '0.bias' of model 'Sequential#0' did not require grad " \
-            "when manage() took the model" in result["error"], (rank, result["error"])
-    expected_params, expected_states, _ = oracle(2, "unfrozen")
-    assert_matches(results, expected_params, expected_states)
 
 
 def test_accumulating_without_no_sync_raises_naming_it(tmp_path):

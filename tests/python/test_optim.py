@@ -147,6 +147,67 @@ def test_state_dict_has_torch_layout_and_loads_into_torch_adam():
     spillway.unmanage(model)
 
 
+def test_state_dict_of_a_channels_last_parameter_is_torchs():
+    """The state of a channels_last weight lies in chunks in its memory
+    order: the state dict gives it torch's shape and strides, so it equals
+    torch's element for element, and torch's loads back in that order."""
+    torch.manual_seed(21)
+    conv = torch.nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last)
+    with plain_torch():
+        reference = copy.deepcopy(conv)
+    x = torch.randn(2, 3, 8, 8)
+    adam = spillway.optim.Adam(conv.parameters(), lr=1e-2)
+    with plain_torch():
+        torch_adam = torch.optim.Adam(reference.parameters(), lr=1e-2)
+
+    def step(model, optimizer):
+        optimizer.zero_grad()
+        model(x).square().mean().backward()
+        optimizer.step()
+
+    step(conv, adam)
+    with plain_torch():
+        step(reference, torch_adam)
+    ours, theirs = adam.state_dict()["state"][0], torch_adam.state_dict()["state"][0]
+    for key in ("exp_avg", "exp_avg_sq"):
+        assert torch.allclose(ours[key], theirs[key], rtol=1e-5, atol=1e-8), key
+    # torch's state in, one more step each: the same weights.
+    adam.load_state_dict(torch_adam.state_dict())
+    step(conv, adam)
+    with plain_torch():
+        step(reference, torch_adam)
+        expected = parameters_copy(reference)
+    assert max_relative_difference(expected, conv) <= TOLERANCE
+    spillway.unmanage(conv)
+
+
+def test_a_parameter_unfrozen_after_manage_is_stepped():
+    """A weight frozen when manage() took the model and unfrozen after gets
+    its gradient chunk at the first op that uses it (Note [A parameter
+    unfrozen after manage()]), so spillway's optimizer steps it as torch's
+    does."""
+    model = make_mlp(seed=22)
+    first = next(model.parameters())
+    first.requires_grad_(False)
+    with plain_torch():
+        reference = copy.deepcopy(model)
+    spillway.manage(model)
+    first.requires_grad_(True)
+    with plain_torch():
+        next(reference.parameters()).requires_grad_(True)
+    adam = spillway.optim.Adam(model.parameters(), lr=1e-3)
+    torch_adam = torch.optim.Adam(reference.parameters(), lr=1e-3)
+    for batch in mlp_batches(23, 3):
+        train_step(model, adam, batch)
+        with plain_torch():
+            train_step(reference, torch_adam, batch)
+    with plain_torch():
+        expected = parameters_copy(reference)
+    assert not torch.equal(expected[0], parameters_copy(make_mlp(seed=22))[0]), "not trained"
+    assert max_relative_difference(expected, model) <= TOLERANCE
+    spillway.unmanage(model)
+
+
 @pytest.mark.parametrize("options, named", [
     (dict(amsgrad=True), "amsgrad"),
     (dict(maximize=True), "maximize"),
