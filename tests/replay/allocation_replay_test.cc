@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+
 namespace spillway {
 namespace {
 
@@ -60,6 +62,20 @@ TEST(replay_Replay, AllocOfALiveAddressIsAnErrorNamingBothLines) {
   std::string error;
   EXPECT_FALSE(replay_allocations(trace, {}, &result, &error));
   EXPECT_NE(error.find("line 3: alloc of address 1 which is still live (allocated at line 1)"),
+            std::string::npos)
+      << error;
+}
+
+TEST(replay_Replay, ATraceOfMoreStreamsThanTheBoundIsAnError) {
+  // One simulated stream (and thread) per stream of the trace: 256 at most.
+  std::string text;
+  for (int stream = 1; stream <= 257; ++stream)
+    text += "alloc," + std::to_string(stream) + ",512," + std::to_string(stream) + "\n";
+  ReplayResult result;
+  std::string error;
+  EXPECT_FALSE(replay_allocations(csv(text.c_str()), {}, &result, &error));
+  EXPECT_NE(error.find("the trace uses 257 streams besides the default one; spillway-replay "
+                       "replays at most 256"),
             std::string::npos)
       << error;
 }

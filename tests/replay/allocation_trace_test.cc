@@ -40,6 +40,19 @@ TEST(replay_Csv, ReadsTheDocumentedColumns) {
   EXPECT_EQ(result.trace.where(events[1]), "line 5");
 }
 
+TEST(replay_Csv, LinesEndAtLfCrlfOrALoneCr) {
+  for (const char* text : {"alloc,0x1,10\nfree,0x1,10\n", "alloc,0x1,10\r\nfree,0x1,10\r\n",
+                           "alloc,0x1,10\rfree,0x1,10\r"}) {
+    const auto result = parse_allocation_csv(text, "t.csv");
+    ASSERT_TRUE(result.ok()) << result.error;
+    EXPECT_EQ(result.trace.events.size(), 2u) << text;
+  }
+  // A bad second line is line 2 whatever the line ends.
+  const auto bad = parse_allocation_csv("alloc,0x1,10\rfrob,0x1,10\r", "t.csv");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error.find("t.csv:2:"), std::string::npos) << bad.error;
+}
+
 TEST(replay_Csv, EmptyCacheNeedsNoPtrOrSize) {
   const auto result =
       parse_allocation_csv("alloc,0x1,10\nempty_cache,,,,50\nempty_cache\n", "t.csv");
@@ -167,6 +180,15 @@ TEST(replay_Load, ChoosesTheFormatByContentAndReportsBinaryGarbage) {
     EXPECT_NE(result.error.find("a pickle of protocol 0 or 1"), std::string::npos) << result.error;
   }
   std::filesystem::remove(csv);
+
+  std::ofstream(csv, std::ios::trunc);  // empty: an error, not a trace of nothing
+  result = load_allocation_trace(csv.string());
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(result.error.find("empty file"), std::string::npos) << result.error;
+  std::filesystem::remove(csv);
+  result = load_allocation_trace(dir.string());
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(result.error.find("is a directory"), std::string::npos) << result.error;
 
   result = load_allocation_trace("/nonexistent/x.csv");
   ASSERT_FALSE(result.ok());

@@ -221,6 +221,16 @@ TEST(replay_Snapshot, BadSnapshotsAreRejectedWithThePath) {
              list({segment(0, 512, 0, list({dict({str("state"), str("active_allocated")})}))}),
              str("device_traces"), list({list({})})}),
        "segments[0]['blocks'][0]: has no 'address'"},
+      {dict({str("segments"),
+             list({segment(0, 512, 0,
+                           list({block(0, 512, std::int64_t{1} << 62, "active_allocated")}))}),
+             str("device_traces"), list({list({})})}),
+       "segments[0]['blocks'][0]: requested_size 4611686018427387904 is outside 0 to the "
+       "block's size, 512"},
+      {dict({str("segments"),
+             list({segment(0, 512, 0, list({block(0, 512, -1, "active_allocated")}))}),
+             str("device_traces"), list({list({})})}),
+       "segments[0]['blocks'][0]: requested_size -1 is outside 0"},
   };
   for (const Case& c : cases) {
     const AllocationTraceResult result = convert(pickle(c.value));

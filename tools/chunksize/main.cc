@@ -20,6 +20,7 @@
 
 #include "allocator/config/options.h"
 #include "tools/chunksize/chunk_size_search.h"
+#include "tools/common/tool_main.h"
 #include "tools/sim/model_description.h"
 
 namespace {
@@ -115,7 +116,9 @@ void print_json(const sim::ModelSpec& model, const chunksize::SearchOptions& opt
 
 }  // namespace
 
-int main(int argc, char** argv) {
+namespace {
+
+int tool_main(int argc, char** argv) {
   CLI::App app{"Chooses a chunk size for a model by simulating its step at candidate sizes."};
   std::string model_path;
   std::vector<std::uint64_t> gpt;
@@ -196,4 +199,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   return 0;
+}
+
+}  // namespace
+
+// Note [A tool fails out loud] (tools/common/tool_main.h).
+int main(int argc, char** argv) {
+  return spillway::run_tool("spillway-chunksize", [&] { return tool_main(argc, argv); });
 }

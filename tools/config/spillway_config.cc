@@ -17,6 +17,7 @@
 #include <string>
 
 #include "allocator/config/config.h"
+#include "tools/common/tool_main.h"
 
 namespace {
 
@@ -51,7 +52,9 @@ void print_key_table() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+namespace {
+
+int tool_main(int argc, char** argv) {
   CLI::App app{"Print the effective spillway configuration (SPILLWAY_CONF) and its keys.",
                "spillway-config"};
   std::string conf_text;
@@ -85,4 +88,11 @@ int main(int argc, char** argv) {
   fmt::print("\n");
   print_key_table();
   return EXIT_SUCCESS;
+}
+
+}  // namespace
+
+// Note [A tool fails out loud] (tools/common/tool_main.h).
+int main(int argc, char** argv) {
+  return spillway::run_tool("spillway-config", [&] { return tool_main(argc, argv); });
 }

@@ -2,6 +2,7 @@
 #include "tools/replay/allocation_replay.h"
 
 #include <algorithm>
+#include <stdexcept>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -40,6 +41,21 @@ bool replay_allocations(const AllocationTrace& trace, const ReplayOptions& optio
   std::unordered_map<std::uint64_t, Live> live;  // trace address -> replayed block
   std::unordered_set<std::uint64_t> failed;      // trace addresses whose alloc failed
   std::unordered_map<std::uint64_t, Stream> streams;
+  // Each stream of the trace is a stream of the simulated device, which
+  // runs a thread for it: a bound, so that a trace of thousands of stream
+  // ids is an error rather than threads the system cannot start.
+  constexpr std::size_t kMaxStreams = 256;
+  {
+    std::unordered_set<std::uint64_t> ids;
+    for (const AllocationEvent& event : trace.events)
+      if (event.stream != 0) ids.insert(event.stream);
+    if (ids.size() > kMaxStreams) {
+      *error = "the trace uses " + std::to_string(ids.size()) +
+               " streams besides the default one; spillway-replay replays at most " +
+               std::to_string(kMaxStreams) + " (a simulated stream each)";
+      return false;
+    }
+  }
   std::uint64_t requested = 0;
   std::int64_t max_reserved = 0;
   bool ok = true;
@@ -48,7 +64,9 @@ bool replay_allocations(const AllocationTrace& trace, const ReplayOptions& optio
     auto stream_for = [&](std::uint64_t id) -> Stream {
       if (id == 0) return Stream{};
       auto [it, inserted] = streams.try_emplace(id, Stream{});
-      if (inserted && device.create_stream(&it->second) != Status::ok) it->second = Stream{};
+      if (inserted && device.create_stream(&it->second) != Status::ok)
+        throw std::runtime_error("the simulated device could not create a stream for stream " +
+                                 std::to_string(id));
       return it->second;
     };
     for (const AllocationEvent& event : trace.events) {

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -102,10 +103,13 @@ AllocationTraceResult parse_allocation_csv(std::string_view text, const std::str
     return result;
   };
   while (start < text.size()) {
-    std::size_t end = text.find('\n', start);
+    // A line ends at LF, CRLF or a lone CR (old Mac files).
+    std::size_t end = text.find_first_of("\r\n", start);
     if (end == std::string_view::npos) end = text.size();
     const std::string_view line = trim(text.substr(start, end - start));
     start = end + 1;
+    if (end < text.size() && text[end] == '\r' && start < text.size() && text[start] == '\n')
+      ++start;  // CRLF is one line end
     ++line_number;
     if (line.empty() || line.front() == '#') continue;
     const std::vector<std::string_view> fields = split_fields(line);
@@ -221,9 +225,17 @@ AllocationTraceResult load_allocation_trace(const std::string& path,
     result.error = path + ": cannot open: " + std::strerror(errno);
     return result;
   }
+  if (std::error_code ec; std::filesystem::is_directory(path, ec)) {
+    result.error = path + ": is a directory, not a trace";
+    return result;
+  }
   std::ostringstream buffer;
   buffer << in.rdbuf();
   const std::string bytes = std::move(buffer).str();
+  if (bytes.empty()) {
+    result.error = path + ": empty file: no trace, snapshot or CSV events in it";
+    return result;
+  }
   if (looks_like_trace_file(bytes) ||
       (bytes.size() < 8 && !bytes.empty() && std::string_view("SPWTRACE").starts_with(bytes))) {
     TraceReadResult read = parse_trace(bytes);

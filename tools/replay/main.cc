@@ -21,6 +21,7 @@
 #include "allocator/config/config.h"
 #include "allocator/config/format_bytes.h"
 #include "allocator/config/options.h"
+#include "tools/common/tool_main.h"
 #include "tools/replay/allocation_replay.h"
 #include "tools/replay/allocation_trace.h"
 
@@ -38,7 +39,9 @@ std::function<std::string(std::string&)> size_validator(std::size_t* out) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+namespace {
+
+int tool_main(int argc, char** argv) {
   CLI::App app{
       "Replays an allocation trace on the simulated device through spillway's caching "
       "allocator and reports fragmentation (peak reserved / peak allocated)."};
@@ -150,4 +153,11 @@ int main(int argc, char** argv) {
                    static_cast<double>(trace.recorded_peak_reserved_bytes));
   }
   return 0;
+}
+
+}  // namespace
+
+// Note [A tool fails out loud] (tools/common/tool_main.h).
+int main(int argc, char** argv) {
+  return spillway::run_tool("spillway-replay", [&] { return tool_main(argc, argv); });
 }

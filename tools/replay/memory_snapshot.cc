@@ -310,6 +310,13 @@ AllocationTraceResult allocation_trace_from_snapshot(const PickleDocument& snaps
           !fields.integer_or(blocks[b], "requested_size", block_path,
                              static_cast<std::int64_t>(event.size), &requested))
         return fail();
+      // What was asked for fits in the block that served it.
+      if (requested < 0 || static_cast<std::uint64_t>(requested) > event.size) {
+        fields.fail(block_path, "requested_size " + std::to_string(requested) +
+                                    " is outside 0 to the block's size, " +
+                                    std::to_string(event.size));
+        return fail();
+      }
       if (seen.contains(event.address)) continue;  // the trace has its story
       if (requested > 0) event.size = static_cast<std::uint64_t>(requested);
       event.kind = AllocationEvent::Kind::alloc;

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <string>
 
+#include "tools/common/tool_main.h"
 #include "tools/report/chrome_trace.h"
 #include "tools/report/html_report.h"
 #include "tools/report/report_model.h"
@@ -37,7 +38,9 @@ bool write_file(const std::string& path, const std::string& text) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+namespace {
+
+int tool_main(int argc, char** argv) {
   CLI::App app{
       "Reads a spillway trace file and reports device memory (model and non-model bytes), chunk "
       "residency, copy traffic and stalls, as an HTML page, a text summary or a Chrome trace."};
@@ -81,4 +84,11 @@ int main(int argc, char** argv) {
   }
   if (summary) fmt::print("{}", spillway::report::summary_text(model, trace_name));
   return 0;
+}
+
+}  // namespace
+
+// Note [A tool fails out loud] (tools/common/tool_main.h).
+int main(int argc, char** argv) {
+  return spillway::run_tool("spillway-report", [&] { return tool_main(argc, argv); });
 }

@@ -18,6 +18,7 @@
 #include <string>
 
 #include "allocator/config/options.h"
+#include "tools/common/tool_main.h"
 #include "tools/sim/model_description.h"
 #include "tracer/planner/cost_simulator.h"
 #include "tracer/planner/planner.h"
@@ -58,7 +59,9 @@ void print_result(const plan::SimResult& result, const plan::StepBound& bound) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+namespace {
+
+int tool_main(int argc, char** argv) {
   CLI::App app{"Simulates training steps of a synthetic model under spillway's policies."};
   std::string model_path;
   std::vector<std::uint64_t> gpt;
@@ -141,4 +144,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   return 0;
+}
+
+}  // namespace
+
+// Note [A tool fails out loud] (tools/common/tool_main.h).
+int main(int argc, char** argv) {
+  return spillway::run_tool("spillway-sim", [&] { return tool_main(argc, argv); });
 }
