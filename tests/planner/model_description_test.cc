@@ -2,6 +2,8 @@
 // and the step's op sequence and chunk layout.
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "tools/sim/model_description.h"
 
 namespace spillway::sim {
@@ -26,6 +28,40 @@ TEST(ModelDescription, ErrorsNameTheField) {
   EXPECT_THROW(parse_model("{"), ModelError);
   EXPECT_THROW(parse_model(R"({"layers": []})"), ModelError);
   EXPECT_THROW(parse_model(R"({"layers": [{"param_bytes": -1, "forward_ns": 1}]})"), ModelError);
+}
+
+// Note [Numbers a description may hold]: each error names the field.
+TEST(ModelDescription, NumbersOutOfRangeAreErrorsNamingTheField) {
+  const auto message = [](const std::string& json) -> std::string {
+    try {
+      parse_model(json);
+    } catch (const ModelError& error) {
+      return error.what();
+    }
+    return "parsed";
+  };
+  EXPECT_EQ(message(R"({"layers": [{"param_bytes": 1e18, "forward_ns": 1}]})"),
+            "layers[0]: \"param_bytes\" must be a non-negative number");
+  EXPECT_EQ(message(R"({"layers": [{"param_bytes": 1000000000000000000, "forward_ns": 1}]})"),
+            "layers[0]: \"param_bytes\" is 1000000000000000000, more than 2^50");
+  EXPECT_EQ(
+      message(R"({"repeat": 1000000000000, "layers": [{"param_bytes": 1, "forward_ns": 1}]})"),
+      "description: 1000000000000 repeats of 1 layers are more than 100000 layers");
+  EXPECT_EQ(message(R"({"name": 3, "layers": [{"param_bytes": 1, "forward_ns": 1}]})"),
+            "description: \"name\" must be a string");
+  EXPECT_EQ(message(R"({"layers": [{"name": [], "param_bytes": 1, "forward_ns": 1}]})"),
+            "layers[0]: \"name\" must be a string");
+  EXPECT_EQ(message(R"({"gpt": {"n_layers": 1, "d_model": 64, "seq": 1, "batch": 1,
+                                "flops_per_s": 0}})"),
+            "gpt: \"flops_per_s\" must be a positive number");
+  EXPECT_NE(message(R"({"gpt": {"n_layers": 1000000, "d_model": 64, "seq": 1, "batch": 1}})")
+                .find("gpt: n_layers at most 100000"),
+            std::string::npos);
+  // A chunk size that would make the step track more than 10 million chunks.
+  const ModelSpec model =
+      parse_model(R"({"layers": [{"param_bytes": 100000000, "forward_ns": 1}]})");
+  EXPECT_THROW(step_trace(model, 1), ModelError);
+  EXPECT_NO_THROW(step_trace(model, 1 << 20));
 }
 
 TEST(ModelDescription, GptLayerSizes) {

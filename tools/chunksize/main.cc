@@ -20,6 +20,7 @@
 
 #include "allocator/config/options.h"
 #include "tools/chunksize/chunk_size_search.h"
+#include "tools/common/positive_finite.h"
 #include "tools/common/tool_main.h"
 #include "tools/sim/model_description.h"
 
@@ -129,15 +130,20 @@ int tool_main(int argc, char** argv) {
   app.add_option("MODEL", model_path, "model description (JSON; docs/planner.md)");
   app.add_option("--gpt", gpt, "GPT generator instead of a file: N_LAYERS,D_MODEL,SEQ,BATCH")
       ->delimiter(',')
-      ->expected(4);
+      ->expected(4)
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 24));
   app.add_option("--budget", budget_text, "device budget")
       ->check(CLI::Validator(size_validator(&options.device.device_budget), "SIZE"));
   app.add_option("--model-over-budget", over_budget,
-                 "instead of --budget: budget = model data / this");
+                 "instead of --budget: budget = model data / this")
+      ->check(spillway::positive_finite());
   app.add_option("--margin", margin_text, "budget kept free besides activations")
       ->check(CLI::Validator(size_validator(&options.device.margin_bytes), "SIZE"));
-  app.add_option("--h2d-gbps", h2d_gbps, "host-to-device bandwidth, GB/s")->capture_default_str();
-  app.add_option("--d2h-gbps", d2h_gbps, "device-to-host bandwidth, GB/s (default: h2d's)");
+  app.add_option("--h2d-gbps", h2d_gbps, "host-to-device bandwidth, GB/s")
+      ->check(spillway::positive_finite())
+      ->capture_default_str();
+  app.add_option("--d2h-gbps", d2h_gbps, "device-to-host bandwidth, GB/s (default: h2d's)")
+      ->check(spillway::positive_finite());
   app.add_option("--min-chunk-size", min_text,
                  "smallest candidate (default: the smallest that holds the largest tensor)")
       ->check(CLI::Validator(size_validator(&options.min_chunk_size), "SIZE"));
@@ -147,9 +153,11 @@ int tool_main(int argc, char** argv) {
                  "the size to compare with (default: the configuration's chunk_size, 64MB)")
       ->check(CLI::Validator(size_validator(&options.default_chunk_size), "SIZE"));
   app.add_option("--steps", options.steps, "steps to simulate; the last is reported")
+      ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   app.add_option("--prefetch-reserve", options.plan_options.prefetch_reserve,
                  "planned: chunks of each moment kept free for prefetches")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_flag("--json", json, "print JSON instead of a table");
   CLI11_PARSE(app, argc, argv);

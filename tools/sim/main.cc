@@ -18,6 +18,7 @@
 #include <string>
 
 #include "allocator/config/options.h"
+#include "tools/common/positive_finite.h"
 #include "tools/common/tool_main.h"
 #include "tools/sim/model_description.h"
 #include "tracer/planner/cost_simulator.h"
@@ -74,21 +75,29 @@ int tool_main(int argc, char** argv) {
   app.add_option("MODEL", model_path, "model description (JSON; docs/planner.md)");
   app.add_option("--gpt", gpt, "GPT generator instead of a file: N_LAYERS,D_MODEL,SEQ,BATCH")
       ->delimiter(',')
-      ->expected(4);
+      ->expected(4)
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 24));
   app.add_option("--budget", budget_text, "device budget")
       ->check(CLI::Validator(size_validator(&budget), "SIZE"));
   app.add_option("--model-over-budget", over_budget,
-                 "instead of --budget: budget = model data / this");
+                 "instead of --budget: budget = model data / this")
+      ->check(spillway::positive_finite());
   app.add_option("--chunk-size", chunk_text, "chunk size")
       ->check(CLI::Validator(size_validator(&chunk_size), "SIZE"))
       ->capture_default_str();
   app.add_option("--margin", margin_text, "budget kept free besides activations")
       ->check(CLI::Validator(size_validator(&margin), "SIZE"));
-  app.add_option("--h2d-gbps", h2d_gbps, "host-to-device bandwidth, GB/s")->capture_default_str();
-  app.add_option("--d2h-gbps", d2h_gbps, "device-to-host bandwidth, GB/s (default: h2d's)");
-  app.add_option("--steps", steps, "steps to simulate")->capture_default_str();
+  app.add_option("--h2d-gbps", h2d_gbps, "host-to-device bandwidth, GB/s")
+      ->check(spillway::positive_finite())
+      ->capture_default_str();
+  app.add_option("--d2h-gbps", d2h_gbps, "device-to-host bandwidth, GB/s (default: h2d's)")
+      ->check(spillway::positive_finite());
+  app.add_option("--steps", steps, "steps to simulate")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
   app.add_option("--prefetch-reserve", plan_options.prefetch_reserve,
                  "planned: chunks of each moment kept free for prefetches")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--policy", policy, "planned, lru, static, belady or all")
       ->check(CLI::IsMember({"planned", "lru", "static", "belady", "all"}))

@@ -4,6 +4,8 @@
 // chunk manager.
 #include "tools/sim/model_description.h"
 
+#include <cmath>
+
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -13,6 +15,15 @@ namespace {
 
 using nlohmann::json;
 
+// Note [Numbers a description may hold]
+// Bytes and nanoseconds up to 2^50 (a petabyte, 13 days), counts of layers
+// up to kMaxLayers: far beyond any model, yet small enough that sums of them
+// do not wrap and a simulation of them fits in memory. A larger number is
+// an error naming its field, where it once wrapped to garbage figures or ran
+// until memory ran out.
+constexpr std::uint64_t kMaxNumber = std::uint64_t{1} << 50;
+constexpr std::uint64_t kMaxLayers = 100'000;
+
 std::uint64_t field(const json& object, const char* key, const std::string& where,
                     std::uint64_t fallback, bool required) {
   auto found = object.find(key);
@@ -20,11 +31,33 @@ std::uint64_t field(const json& object, const char* key, const std::string& wher
     if (required) throw ModelError(where + ": missing \"" + key + "\"");
     return fallback;
   }
-  if (found->is_number_unsigned()) return found->get<std::uint64_t>();
-  if (found->is_number_float() && found->get<double>() >= 0) {
-    return static_cast<std::uint64_t>(found->get<double>());
-  }
-  throw ModelError(where + ": \"" + key + "\" must be a non-negative number");
+  const bool number =
+      found->is_number_unsigned() || (found->is_number_float() && found->get<double>() >= 0 &&
+                                      found->get<double>() <= static_cast<double>(kMaxNumber));
+  if (!number) throw ModelError(where + ": \"" + key + "\" must be a non-negative number");
+  const std::uint64_t value = found->is_number_unsigned()
+                                  ? found->get<std::uint64_t>()
+                                  : static_cast<std::uint64_t>(found->get<double>());
+  if (value > kMaxNumber)
+    throw ModelError(where + ": \"" + key + "\" is " + std::to_string(value) + ", more than 2^50");
+  return value;
+}
+
+// A positive, finite rate (flops or bytes per second).
+double rate_field(const json& object, const char* key, const std::string& where) {
+  const json& value = object.at(key);
+  if (!value.is_number() || !(value.get<double>() > 0) || !std::isfinite(value.get<double>()))
+    throw ModelError(where + ": \"" + key + "\" must be a positive number");
+  return value.get<double>();
+}
+
+// A string field, or `fallback` when absent.
+std::string name_field(const json& object, const char* key, const std::string& where,
+                       const std::string& fallback) {
+  auto found = object.find(key);
+  if (found == object.end()) return fallback;
+  if (!found->is_string()) throw ModelError(where + ": \"" + key + "\" must be a string");
+  return found->get<std::string>();
 }
 
 // Chunks [first, last] holding `bytes` at `offset` of a kind's run.
@@ -70,6 +103,11 @@ ModelSpec gpt_model(const GptSpec& spec) {
   if (spec.n_layers == 0 || spec.d_model == 0 || spec.seq == 0 || spec.batch == 0) {
     throw ModelError("gpt: n_layers, d_model, seq and batch must be positive");
   }
+  // Note [Numbers a description may hold]
+  if (spec.n_layers > kMaxLayers || spec.d_model > (1u << 20) || spec.seq > (1u << 24) ||
+      spec.batch > (1u << 24) || spec.dtype_bytes == 0 || spec.dtype_bytes > 16)
+    throw ModelError("gpt: n_layers at most " + std::to_string(kMaxLayers) +
+                     ", d_model at most 2^20, seq and batch at most 2^24, dtype_bytes 1 to 16");
   ModelSpec model;
   model.gpt = spec;
   model.name = "gpt-l" + std::to_string(spec.n_layers) + "-d" + std::to_string(spec.d_model);
@@ -112,12 +150,11 @@ ModelSpec parse_model(const std::string& json_text) {
     spec.seq = field(*gpt, "seq", "gpt", 0, true);
     spec.batch = field(*gpt, "batch", "gpt", 0, true);
     spec.dtype_bytes = field(*gpt, "dtype_bytes", "gpt", 2, false);
-    if (auto f = gpt->find("flops_per_s"); f != gpt->end()) spec.flops_per_s = f->get<double>();
-    if (auto f = gpt->find("optimizer_bytes_per_s"); f != gpt->end()) {
-      spec.optimizer_bytes_per_s = f->get<double>();
-    }
+    if (gpt->contains("flops_per_s")) spec.flops_per_s = rate_field(*gpt, "flops_per_s", "gpt");
+    if (gpt->contains("optimizer_bytes_per_s"))
+      spec.optimizer_bytes_per_s = rate_field(*gpt, "optimizer_bytes_per_s", "gpt");
     ModelSpec model = gpt_model(spec);
-    if (root.contains("name")) model.name = root["name"].get<std::string>();
+    model.name = name_field(root, "name", "description", model.name);
     return model;
   }
   auto layers = root.find("layers");
@@ -125,15 +162,19 @@ ModelSpec parse_model(const std::string& json_text) {
     throw ModelError("the description needs a non-empty \"layers\" array or a \"gpt\" object");
   }
   ModelSpec model;
-  model.name = root.value("name", "model");
+  model.name = name_field(root, "name", "description", "model");
   const std::uint64_t repeat = field(root, "repeat", "description", 1, false);
+  if (repeat * layers->size() > kMaxLayers)  // each at most 2^50: no wrap
+    throw ModelError("description: " + std::to_string(repeat) + " repeats of " +
+                     std::to_string(layers->size()) + " layers are more than " +
+                     std::to_string(kMaxLayers) + " layers");
   for (std::uint64_t r = 0; r < repeat; ++r) {
     for (std::size_t i = 0; i < layers->size(); ++i) {
       const json& entry = (*layers)[i];
       const std::string where = "layers[" + std::to_string(i) + "]";
       if (!entry.is_object()) throw ModelError(where + ": must be an object");
       LayerSpec layer;
-      layer.name = entry.value("name", "layer" + std::to_string(i));
+      layer.name = name_field(entry, "name", where, "layer" + std::to_string(i));
       if (repeat > 1) layer.name += "." + std::to_string(r);
       layer.param_bytes = field(entry, "param_bytes", where, 0, true);
       layer.grad_bytes = field(entry, "grad_bytes", where, layer.param_bytes, false);
@@ -162,11 +203,21 @@ ModelSpec load_model(const std::string& path) {
 
 plan::StepTrace step_trace(const ModelSpec& model, std::uint64_t chunk_size) {
   if (chunk_size == 0) throw ModelError("chunk size must be positive");
-  std::uint64_t param_total = 0, grad_total = 0;
+  std::uint64_t param_total = 0, grad_total = 0, optimizer_total = 0;
   for (const LayerSpec& layer : model.layers) {
     param_total += layer.param_bytes;
     grad_total += layer.grad_bytes;
+    optimizer_total += layer.optimizer_bytes;
   }
+  // Each chunk is an id the simulation tracks: a bound on their number.
+  constexpr std::uint64_t kMaxChunks = 10'000'000;
+  const std::uint64_t chunks_needed = chunks_of(param_total, chunk_size) +
+                                      chunks_of(grad_total, chunk_size) +
+                                      chunks_of(optimizer_total, chunk_size);
+  if (chunks_needed > kMaxChunks)
+    throw ModelError("the model takes " + std::to_string(chunks_needed) + " chunks of " +
+                     std::to_string(chunk_size) + " bytes, more than the " +
+                     std::to_string(kMaxChunks) + " a simulation holds: a larger chunk size");
   const std::uint64_t grad_base = chunks_of(param_total, chunk_size);
   const std::uint64_t optimizer_base = grad_base + chunks_of(grad_total, chunk_size);
 
