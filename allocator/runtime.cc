@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 
@@ -69,8 +70,12 @@ Runtime& Runtime::process() {
     auto* created = new Runtime();
     std::atexit([] {
       std::string error;
-      if (!Runtime::process().close_trace(&error))
-        SPILLWAY_LOG(error, "completing the trace file at exit failed: {}", error);
+      if (Runtime::process().close_trace(&error)) return;
+      // The trace is lost: the exit status says so, whatever main returned
+      // (a tool that lost its output must not exit 0).
+      SPILLWAY_LOG(error, "completing the trace file at exit failed: {}", error);
+      std::fflush(nullptr);
+      std::_Exit(EXIT_FAILURE);
     });
     return created;
   }();

@@ -35,9 +35,15 @@ struct Layer {
   std::vector<std::uint32_t> expected;  // what the parameters must hold
 };
 
-bool check(Status status, const char* what, const std::string& detail) {
+// `detail` is called after the call that gave `status` has returned: an
+// argument such as ChunkManager::last_error() evaluated beside that call may
+// run first (C++ leaves the order open) and read an empty message.
+using ErrorDetail = std::string (*)();
+std::string no_detail() { return "no detail"; }
+
+bool check(Status status, const char* what, ErrorDetail detail) {
   if (status == Status::ok) return true;
-  fmt::print(stderr, "spillway-demo: {} failed: {} ({})\n", what, to_string(status), detail);
+  fmt::print(stderr, "spillway-demo: {} failed: {} ({})\n", what, to_string(status), detail());
   return false;
 }
 
@@ -49,19 +55,19 @@ bool update_layer(Runtime& runtime, Layer& layer, int step, int index, std::size
   Device& device = runtime.device();
   void* data = nullptr;
   if (!check(chunks.acquire(layer.params, Stream{}, &data, AccessMode::read_write, WaitMode::host),
-             "acquire", ChunkManager::last_error())) {
+             "acquire", ChunkManager::last_error)) {
     return false;
   }
   std::vector<std::uint32_t> staging(bytes / 4);
-  bool ok = check(device.copy_async(staging.data(), data, bytes, Stream{}), "copy", "") &&
-            check(device.synchronize_stream(Stream{}), "synchronize", "");
+  bool ok = check(device.copy_async(staging.data(), data, bytes, Stream{}), "copy", no_detail) &&
+            check(device.synchronize_stream(Stream{}), "synchronize", no_detail);
   for (std::size_t i = 0; i < staging.size(); ++i) {
     staging[i] += static_cast<std::uint32_t>(step + index);
     layer.expected[i] += static_cast<std::uint32_t>(step + index);
   }
-  ok = ok && check(device.copy_async(data, staging.data(), bytes, Stream{}), "copy", "") &&
-       check(device.synchronize_stream(Stream{}), "synchronize", "");
-  return check(chunks.release(layer.params, Stream{}), "release", ChunkManager::last_error()) && ok;
+  ok = ok && check(device.copy_async(data, staging.data(), bytes, Stream{}), "copy", no_detail) &&
+       check(device.synchronize_stream(Stream{}), "synchronize", no_detail);
+  return check(chunks.release(layer.params, Stream{}), "release", ChunkManager::last_error) && ok;
 }
 
 int run_demo(const DemoOptions& demo) {
@@ -87,7 +93,7 @@ int run_demo(const DemoOptions& demo) {
   for (int i = 0; i < demo.layers; ++i) {
     TensorSpec spec{TensorKind::param, 0, 4, demo.layer_param_bytes / 4, fmt::format("layer{}", i)};
     if (!check(chunks.register_tensor(model, spec, &layers[i].params), "register_tensor",
-               ChunkManager::last_error())) {
+               ChunkManager::last_error)) {
       return 1;
     }
     layers[i].expected.resize(demo.layer_param_bytes / 4);
@@ -95,12 +101,12 @@ int run_demo(const DemoOptions& demo) {
     void* data = nullptr;
     if (!check(chunks.acquire(layers[i].params, Stream{}, &data, AccessMode::read_write,
                               WaitMode::host),
-               "acquire", ChunkManager::last_error()) ||
+               "acquire", ChunkManager::last_error) ||
         !check(runtime.device().copy_async(data, layers[i].expected.data(), demo.layer_param_bytes,
                                            Stream{}),
-               "copy", "") ||
-        !check(runtime.device().synchronize_stream(Stream{}), "synchronize", "") ||
-        !check(chunks.release(layers[i].params, Stream{}), "release", ChunkManager::last_error())) {
+               "copy", no_detail) ||
+        !check(runtime.device().synchronize_stream(Stream{}), "synchronize", no_detail) ||
+        !check(chunks.release(layers[i].params, Stream{}), "release", ChunkManager::last_error)) {
       return 1;
     }
   }
@@ -113,18 +119,17 @@ int run_demo(const DemoOptions& demo) {
       void* data = nullptr;
       if (!check(
               chunks.acquire(layers[i].params, Stream{}, &data, AccessMode::read, WaitMode::host),
-              "acquire", ChunkManager::last_error()) ||
+              "acquire", ChunkManager::last_error) ||
           !check(allocator->allocate(&activations[i], demo.activation_bytes, Stream{}),
-                 "activation allocate", CachingAllocator::last_error()) ||
-          !check(chunks.release(layers[i].params, Stream{}), "release",
-                 ChunkManager::last_error())) {
+                 "activation allocate", CachingAllocator::last_error) ||
+          !check(chunks.release(layers[i].params, Stream{}), "release", ChunkManager::last_error)) {
         return 1;
       }
     }
     for (int i = demo.layers - 1; i >= 0; --i) {  // backward
       if (!update_layer(runtime, layers[i], step, i, demo.layer_param_bytes) ||
           !check(allocator->deallocate(activations[i]), "activation free",
-                 CachingAllocator::last_error())) {
+                 CachingAllocator::last_error)) {
         return 1;
       }
     }
@@ -139,7 +144,7 @@ int run_demo(const DemoOptions& demo) {
   for (int i = 0; i < demo.layers; ++i) {
     void* host = nullptr;
     if (!check(chunks.acquire_host(layers[i].params, &host, AccessMode::read), "acquire_host",
-               ChunkManager::last_error())) {
+               ChunkManager::last_error)) {
       return 1;
     }
     mismatched += std::memcmp(host, layers[i].expected.data(), demo.layer_param_bytes) != 0;

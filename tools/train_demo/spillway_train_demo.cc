@@ -628,7 +628,8 @@ int run(const DemoOptions& demo) {
     else
       write_figures(demo.figures, nlohmann::json::array({managed->figures}));
   }
-  if (!demo.trace.empty() && managed) fmt::print("trace: {} (completed at exit)\n", demo.trace);
+  if (!demo.trace.empty() && managed)
+    fmt::print("trace: {} (completed at exit, or an error and exit status 1)\n", demo.trace);
   if (!demo.dump_trace.empty() && managed) {
     spillway::dump_trace(demo.dump_trace);
     // Read back, so that the ctest proves the snapshot is a complete file.
