@@ -46,6 +46,7 @@
 
 #include "hooks/torch/bridge.h"
 #include "hooks/torch/data_parallel.h"
+#include "hooks/torch/torch_out_of_memory.h"
 
 namespace spillway::torch_bridge {
 
@@ -73,8 +74,11 @@ at::Tensor make_chunk_grad(ChunkManager& chunks, const ManagedParam& managed) {
 // Copies `values` into the bound gradient, its chunk acquired for writing.
 void copy_into_bound_grad(ChunkManager& chunks, ManagedParam& managed, const at::Tensor& values) {
   void* address = nullptr;
-  if (chunks.acquire(managed.grad_id, Stream{}, &address, AccessMode::read_write, WaitMode::host) !=
-      Status::ok)
+  const Status status =
+      chunks.acquire(managed.grad_id, Stream{}, &address, AccessMode::read_write, WaitMode::host);
+  if (status == Status::out_of_memory)
+    throw_chunk_out_of_memory("acquiring a gradient's chunk", ChunkManager::last_error());
+  if (status != Status::ok)
     throw std::runtime_error("spillway: acquiring a gradient's chunk failed: " +
                              ChunkManager::last_error());
   {

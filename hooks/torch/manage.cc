@@ -23,6 +23,7 @@
 #include "hooks/torch/data_parallel.h"
 #include "hooks/torch/op_gpu_timing.h"
 #include "hooks/torch/spillway_torch.h"
+#include "hooks/torch/torch_out_of_memory.h"
 
 namespace spillway {
 
@@ -55,9 +56,12 @@ TensorId register_storage(ChunkManager& chunks, ClientId client, TensorKind kind
 void move_into_chunk(ChunkManager& chunks, TensorId id, c10::StorageImpl& storage,
                      c10::Device device, at::DataPtr original, const std::string& name) {
   void* chunk_address = nullptr;
-  if (chunks.acquire(id, Stream{}, &chunk_address, AccessMode::read_write, WaitMode::host) !=
-      Status::ok)
-    throw std::runtime_error(describe_failure("placing", name));
+  const Status status =
+      chunks.acquire(id, Stream{}, &chunk_address, AccessMode::read_write, WaitMode::host);
+  if (status == Status::out_of_memory)
+    torch_bridge::throw_chunk_out_of_memory("placing '" + name + "' in its chunk",
+                                            ChunkManager::last_error());
+  if (status != Status::ok) throw std::runtime_error(describe_failure("placing", name));
   torch_bridge::point_storage_at(storage, chunk_address, device);
   torch_bridge::copy_bytes(chunk_address, original.get(), storage.nbytes());
   chunks.release(id, Stream{});

@@ -186,13 +186,22 @@ void warn_overrun(const at::RecordFunction& fn, std::size_t over_bytes, ChunkMan
     std::lock_guard lock(mutex);
     if (!warned.emplace(fn.name()).second) return;
   }
+  // The budget must hold the chunks an op needs at once and, beside them,
+  // the memory outside chunks: advice from min_budget_bytes alone can be
+  // less than the budget that just overran.
+  const Stats stats = Runtime::process().stats();
+  const auto outside = static_cast<std::size_t>(
+      std::max<std::int64_t>(0, stats.allocated_bytes_non_model.current));
   SPILLWAY_LOG(warn,
                "op {}: its managed inputs did not fit in the device budget of {} with every "
                "resident chunk in compute, so they were made resident {} past it. Raise "
-               "device_budget to at least min_budget_bytes (now {}; memory_stats()); further "
-               "overruns are counted in num_budget_overruns",
+               "device_budget above {}: it holds the chunks ops need at once (min_budget_bytes "
+               "in memory_stats(), now {}) and, beside them, the memory outside chunks "
+               "(activations and temporaries, now {}). Further overruns are counted in "
+               "num_budget_overruns",
                fn.name(), format_bytes(chunks.effective_budget_bytes()), format_bytes(over_bytes),
-               format_bytes(chunks.min_budget_bytes()));
+               format_bytes(chunks.effective_budget_bytes() + over_bytes),
+               format_bytes(chunks.min_budget_bytes()), format_bytes(outside));
 }
 
 struct OpStream {

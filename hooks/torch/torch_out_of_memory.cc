@@ -45,4 +45,14 @@ void throw_out_of_memory(std::size_t bytes, Status status) {
   C10_THROW_ERROR(OutOfMemoryError, message);  // TORCH_CHECK_WITH(OutOfMemoryError, ...)'s throw
 }
 
+void throw_chunk_out_of_memory(const std::string& what, const std::string& detail) {
+  Runtime& runtime = Runtime::process();
+  const CachingAllocator* allocator = runtime.active_allocator();
+  const std::size_t budget = allocator != nullptr ? allocator->budget_bytes() : 0;
+  C10_THROW_ERROR(OutOfMemoryError,
+                  fmt::format("spillway: out of memory on {}: {} failed: {}. To fit: make the "
+                              "step smaller, or raise device_budget (now {}).",
+                              runtime.device().name(), what, detail, format_bytes(budget)));
+}
+
 }  // namespace spillway::torch_bridge

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "allocator/device/device.h"
 
@@ -14,5 +15,12 @@ namespace spillway::torch_bridge {
 // the rest), reserved bytes, the largest free block, the chunks pinned by
 // running ops (CachingAllocator::last_error()) and what to change.
 [[noreturn]] void throw_out_of_memory(std::size_t bytes, Status status);
+
+// Throws c10::OutOfMemoryError for a chunk the chunk manager could not place
+// on the device (`what` failed: acquiring a gradient's chunk, placing a
+// parameter), with its message (`detail`, ChunkManager::last_error()) and
+// what to change; a caller that catches torch's out-of-memory error catches
+// this one too.
+[[noreturn]] void throw_chunk_out_of_memory(const std::string& what, const std::string& detail);
 
 }  // namespace spillway::torch_bridge

@@ -79,3 +79,37 @@ def test_activations_count_against_the_budget():
     assert non_model_bytes(spillway.memory_stats()) >= before + (4 << 20)
     del activation
     assert non_model_bytes(spillway.memory_stats()) == before
+
+
+GRADIENT_CHUNK_OUT_OF_MEMORY = """
+import torch, spillway
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(128, 512), torch.nn.Tanh(), torch.nn.Linear(512, 512),
+                            torch.nn.Tanh(), torch.nn.Linear(512, 16))
+spillway.enable("device:sim,strict_residency:true,chunk_size:2MiB,sim_capacity:256MiB,"
+                "policy:lru,device_budget:3MiB")
+spillway.manage(model)
+x, y = torch.randn(16, 128), torch.randn(16, 16)
+try:
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    print("fits")
+except torch.OutOfMemoryError as error:
+    print("OutOfMemoryError:", error)
+except RuntimeError as error:
+    print("RuntimeError:", error)
+"""
+
+
+def test_a_gradient_chunk_that_does_not_fit_is_torchs_out_of_memory_error():
+    """Backward's gradient chunks take room in the budget too: where one
+    cannot be placed, the error is torch.OutOfMemoryError, as for any
+    allocation, so `except torch.OutOfMemoryError` catches it (it was a
+    plain RuntimeError). Its own process: a 3 MiB budget."""
+    import subprocess
+    import sys
+    output = subprocess.run([sys.executable, "-c", GRADIENT_CHUNK_OUT_OF_MEMORY],
+                            capture_output=True, text=True, timeout=120).stdout
+    assert output.startswith("OutOfMemoryError: spillway: out of memory on sim"), output
+    assert "acquiring a gradient's chunk failed" in output, output
+    assert "raise device_budget (now 3.00 MiB)" in output, output
