@@ -94,6 +94,23 @@ TEST(replay_PickleReader, LaterKeysWinAsInAPythonDict) {
   EXPECT_EQ(read.document.integer(*read.document.find(read.document.root(), "k")), 2);
 }
 
+// Note [Large dicts are indexed]: a dict of many keys finds as a small one
+// does, the last of a repeated key included.
+TEST(replay_PickleReader, ALargeDictFindsEveryKeyAndTheLastOfARepeat) {
+  std::string items;  // dict()'s encoding, built in a loop
+  for (int i = 0; i < 100; ++i) items += str("key" + std::to_string(i)) + integer(i);
+  items += str("key7") + integer(700);
+  const PickleReadResult read = read_pickle(pickle("}(" + items + "u"));
+  ASSERT_TRUE(read.ok()) << read.error;
+  const PickleDocument& document = read.document;
+  for (int i = 0; i < 100; ++i) {
+    const PickleRef* found = document.find(document.root(), "key" + std::to_string(i));
+    ASSERT_NE(found, nullptr) << i;
+    EXPECT_EQ(document.integer(*found), i == 7 ? 700 : i);
+  }
+  EXPECT_EQ(document.find(document.root(), "key100"), nullptr);
+}
+
 TEST(replay_PickleReader, RefusesEveryOpcodeThatNamesOrNeedsCode) {
   struct Case {
     std::string body;  // after PROTO 2

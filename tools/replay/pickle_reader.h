@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 namespace spillway {
@@ -78,6 +79,11 @@ class PickleDocument {
   std::vector<PickleValue> values_;
   std::vector<std::vector<PickleRef>> containers_;
   PickleRef root_ = 0;
+  // Note [Large dicts are indexed]: per dict of more than kIndexedDictKeys
+  // keys, its string keys' last positions, built at the first find.
+  static constexpr std::size_t kIndexedDictKeys = 16;
+  mutable std::unordered_map<PickleRef, std::unordered_map<std::string_view, std::size_t>>
+      dict_index_;
 };
 
 struct PickleLimits {
