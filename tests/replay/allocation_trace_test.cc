@@ -53,6 +53,15 @@ TEST(replay_Csv, LinesEndAtLfCrlfOrALoneCr) {
   EXPECT_NE(bad.error.find("t.csv:2:"), std::string::npos) << bad.error;
 }
 
+TEST(replay_Csv, AByteOrderMarkIsNotPartOfTheHeader) {
+  const auto result = parse_allocation_csv(
+      "\xEF\xBB\xBF"
+      "action,ptr,size\nalloc,0x1,10\n",
+      "t.csv");
+  ASSERT_TRUE(result.ok()) << result.error;
+  EXPECT_EQ(result.trace.events.size(), 1u);
+}
+
 TEST(replay_Csv, EmptyCacheNeedsNoPtrOrSize) {
   const auto result =
       parse_allocation_csv("alloc,0x1,10\nempty_cache,,,,50\nempty_cache\n", "t.csv");
@@ -170,6 +179,12 @@ TEST(replay_Load, ChoosesTheFormatByContentAndReportsBinaryGarbage) {
       << result.error;
   std::filesystem::remove(csv);
 
+  // PROTO with a version this reader does not take: the pickle reader's error.
+  std::ofstream(csv, std::ios::binary) << std::string("\x80\x06}.", 4);
+  result = load_allocation_trace(csv.string());
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(result.error.find("protocol 6 (this reader takes 2 to 5)"), std::string::npos)
+      << result.error;
   // A snapshot pickled with protocol 0 ("(dp0\n...") or 1 ("}q\x00..."):
   // named as such, not read as CSV lines.
   for (const std::string old_pickle :

@@ -254,13 +254,21 @@ TEST(replay_PickleReader, MutatedPicklesNeverCrash) {
   EXPECT_GT(failures, 0);
 }
 
+// Any PROTO opcode first is a pickle: a version the reader does not take is
+// its error ("protocol 6 (this reader takes 2 to 5)"), not a CSV line of
+// binary bytes.
 TEST(replay_PickleReader, LooksLikePickle) {
   EXPECT_TRUE(looks_like_pickle("\x80\x04\x95"));
   EXPECT_TRUE(looks_like_pickle("\x80\x02"));
-  EXPECT_FALSE(looks_like_pickle("\x80\x01"));
-  EXPECT_FALSE(looks_like_pickle("\x80\x06"));
+  EXPECT_TRUE(looks_like_pickle("\x80\x06"));
+  EXPECT_TRUE(looks_like_pickle("\x80"));
   EXPECT_FALSE(looks_like_pickle("SPWTRACE"));
-  EXPECT_FALSE(looks_like_pickle("\x80"));
+  EXPECT_FALSE(looks_like_pickle("alloc,0x1,10"));
+  EXPECT_FALSE(looks_like_pickle(""));
+  const PickleReadResult read = read_pickle(std::string("\x80\x06}.", 4));
+  EXPECT_NE(read.error.find("byte offset 0: PROTO: protocol 6 (this reader takes 2 to 5)"),
+            std::string::npos)
+      << read.error;
 }
 
 }  // namespace

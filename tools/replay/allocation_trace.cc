@@ -97,7 +97,8 @@ AllocationTraceResult parse_allocation_csv(std::string_view text, const std::str
   std::array<int, kColumnCount> position = {0, 1, 2, 3, 4};
   bool seen_data_or_header = false;
   std::uint64_t line_number = 0;
-  std::size_t start = 0;
+  // A UTF-8 byte order mark (spreadsheets write one) is not part of the header.
+  std::size_t start = text.starts_with("\xEF\xBB\xBF") ? 3 : 0;
   auto fail = [&](const std::string& what) {
     result.error = name + ":" + std::to_string(line_number) + ": " + what;
     return result;

@@ -121,8 +121,10 @@ int tool_main(int argc, char** argv) {
              result.stats.num_alloc_retries);
   fmt::print("out-of-memories: {}\n", result.stats.num_ooms);
   if (result.unmatched_frees != 0)
-    fmt::print("note: {} frees of addresses the trace never allocated were skipped\n",
-               result.unmatched_frees);
+    fmt::print(
+        "note: {} frees of addresses not live then (never allocated, or freed already) were "
+        "skipped\n",
+        result.unmatched_frees);
   if (binary && trace.recorded_peak_reserved_bytes != 0)
     fmt::print("as recorded: peak reserved {} ({} bytes), {} out-of-memories\n",
                format_bytes(trace.recorded_peak_reserved_bytes), trace.recorded_peak_reserved_bytes,

@@ -707,8 +707,8 @@ std::string_view PickleDocument::describe(PickleValue::Kind kind) {
 }
 
 bool looks_like_pickle(std::string_view bytes) {
-  return bytes.size() >= 2 && static_cast<std::uint8_t>(bytes[0]) == kProto &&
-         static_cast<std::uint8_t>(bytes[1]) >= 2 && static_cast<std::uint8_t>(bytes[1]) <= 5;
+  // Any PROTO: a version this reader does not take is its error, not CSV's.
+  return !bytes.empty() && static_cast<std::uint8_t>(bytes[0]) == kProto;
 }
 
 bool looks_like_old_pickle(std::string_view bytes) {

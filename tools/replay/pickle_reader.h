@@ -98,8 +98,8 @@ struct PickleReadResult {
   bool ok() const { return error.empty(); }
 };
 
-// True when `bytes` starts like a pickle of protocol 2 or later (PROTO, then
-// a version byte).
+// True when `bytes` starts like a pickle of protocol 2 or later: PROTO
+// (read_pickle then names a version it does not take).
 bool looks_like_pickle(std::string_view bytes);
 // True when `bytes` looks like a pickle of protocol 0 or 1, which have no
 // PROTO opcode: a container opcode first (MARK, EMPTY_DICT, EMPTY_LIST,
