@@ -141,10 +141,19 @@ void unbind_storage(ChunkManager& chunks, c10::StorageImpl* storage) {
   // throw torch's out-of-memory error, which must not leave the chunk pinned.
   at::DataPtr own = c10::GetAllocator(binding->device.type())->allocate(storage->nbytes());
   void* chunk_address = nullptr;
-  if (chunks.acquire(binding->tensor, Stream{}, &chunk_address, AccessMode::read, WaitMode::host) !=
-      Status::ok)
-    throw std::runtime_error(describe_failure(
-        "unmanaging", std::to_string(static_cast<std::uint64_t>(binding->tensor))));
+  const Status status =
+      chunks.acquire(binding->tensor, Stream{}, &chunk_address, AccessMode::read, WaitMode::host);
+  if (status != Status::ok) {
+    const std::optional<TensorInfo> info = chunks.tensor_info(binding->tensor);
+    const std::string name =
+        info.has_value() ? info->name
+                         : "tensor #" + std::to_string(static_cast<std::uint64_t>(binding->tensor));
+    // Those unmanaged before it stay so, with their values; it and the rest
+    // stay managed, with theirs.
+    throw std::runtime_error(describe_failure("unmanaging", name) +
+                             ". The parameters unmanaged before it are ordinary tensors now; "
+                             "it and those after it are still managed");
+  }
   torch_bridge::copy_bytes(own.get(), chunk_address, storage->nbytes());
   binding_table().erase(storage);
   storage->set_data_ptr_noswap(std::move(own));
