@@ -100,6 +100,11 @@ struct ChildResult {
 // where more, the smallest budget the cost simulator accepts for that run's
 // traced step, so that the simulator can run at the budget measured.
 
+// The simulated device's capacity in every run, and the step of the budget
+// searches (hideable_budget, report_budget_sweep), which stop there.
+constexpr std::uint64_t kMiB = 1 << 20;
+constexpr std::uint64_t kSimCapacityMiB = 512;
+
 double stat(const nlohmann::json& json, const char* key) {
   return json.contains(key) ? json.at(key).get<double>() : 0.0;
 }
@@ -107,8 +112,8 @@ double stat(const nlohmann::json& json, const char* key) {
 std::string configuration(const Options& options, const std::string& policy, double bandwidth,
                           const std::string& trace) {
   std::string conf = fmt::format(
-      "device:sim,chunk_size:{},device_budget:{},sim_capacity:512MiB,policy:{},log:error",
-      options.chunk_size, options.budget, policy);
+      "device:sim,chunk_size:{},device_budget:{},sim_capacity:{}MiB,policy:{},log:error",
+      options.chunk_size, options.budget, kSimCapacityMiB, policy);
   if (bandwidth > 0) conf += fmt::format(",sim_bandwidth:{:.0f}B/s", bandwidth);
   if (trace != "-") conf += ",trace:" + trace;
   return conf;
@@ -301,9 +306,8 @@ void report_simulated(const TracedStep& traced, const plan::CostModel& model,
 constexpr double kHiddenStall = 0.01;
 
 std::optional<std::uint64_t> hideable_budget(const plan::StepTrace& step, plan::CostModel model) {
-  constexpr std::uint64_t kStep = 1 << 20;
-  const std::uint64_t start = (model.device_budget / kStep + 1) * kStep;
-  for (std::uint64_t budget = start; budget <= 512 * kStep; budget += kStep) {
+  const std::uint64_t start = (model.device_budget / kMiB + 1) * kMiB;
+  for (std::uint64_t budget = start; budget <= kSimCapacityMiB * kMiB; budget += kMiB) {
     model.device_budget = budget;
     const plan::SimResult simulated = plan::simulate(step, model, plan::SimPolicy::planned, 4);
     if (!simulated.ok()) continue;
@@ -319,11 +323,11 @@ std::optional<std::uint64_t> hideable_budget(const plan::StepTrace& step, plan::
 // would give it (its own traffic with instant copies over the step's
 // compute), as notes: whether any budget makes the traffic hideable.
 void report_budget_sweep(const plan::StepTrace& step, plan::CostModel model) {
-  constexpr std::uint64_t kStep = 1 << 20;
   report_note("the simulator at each budget, with copies taking as long as compute:");
   report_note(
       "budget MiB | MiB/step | GB/s | planned stall | planned step/bound | belady step/bound");
-  for (std::uint64_t budget = model.device_budget; budget <= 512 * kStep; budget += kStep) {
+  for (std::uint64_t budget = model.device_budget; budget <= kSimCapacityMiB * kMiB;
+       budget += kMiB) {
     model.device_budget = budget;
     plan::CostModel instant = model;
     instant.h2d_bytes_per_s = instant.d2h_bytes_per_s = 0;
@@ -337,7 +341,7 @@ void report_budget_sweep(const plan::StepTrace& step, plan::CostModel model) {
         simulated_step_vs_bound(step, model, plan::SimPolicy::belady, bound);
     if (!planned.ok() || !belady) continue;
     report_note(fmt::format("{:10} | {:8.1f} | {:4.2f} | {:13.3f} | {:18.3f} | {:17.3f}",
-                            budget / kStep, traffic.last().h2d_bytes / 1048576.0,
+                            budget / kMiB, traffic.last().h2d_bytes / 1048576.0,
                             model.h2d_bytes_per_s / 1e9,
                             planned.last().stall_ns / planned.last().step_ns,
                             planned.last().step_ns / bound.bound_ns, *belady));

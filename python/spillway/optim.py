@@ -132,7 +132,9 @@ class _ChunkedOptimizer(torch.optim.Optimizer):
 def _dense(param):
     """Whether the parameter's elements fill its memory without gaps or
     overlaps in some order of its dimensions (contiguous, channels_last, a
-    transpose): then its state lies in chunks in that same memory order."""
+    transpose): then its state lies in chunks in that same memory order, and
+    its strides map the flat state to its shape (for a contiguous one, as a
+    view would)."""
     expected = 1
     for size, stride in sorted(zip(param.shape, param.stride()), key=lambda d: d[1]):
         if size != 1 and stride != expected:
@@ -146,15 +148,15 @@ def _shaped(values, param):
     parameter's shape and strides, as torch's optimizers keep it."""
     if values.numel() != param.numel():
         return values
-    if param.is_contiguous() or not _dense(param):
-        return values.view(param.shape)
-    return values.as_strided(param.shape, param.stride())
+    if _dense(param):
+        return values.as_strided(param.shape, param.stride())
+    return values.view(param.shape)
 
 
 def _flat(values, param):
     """A state slot from a state dict, flat in the parameter's memory order."""
     values = values.detach().to("cpu", torch.float32)
-    if values.shape != param.shape or param.is_contiguous() or not _dense(param):
+    if values.shape != param.shape or not _dense(param):
         return values.reshape(-1).contiguous()
     flat = torch.empty(values.numel(), dtype=torch.float32)
     flat.as_strided(param.shape, param.stride()).copy_(values)
