@@ -26,6 +26,11 @@ enum class ManageMode { automatic, explicit_calls };
 // How the torch bridge joins a data-parallel group (docs/data-parallel.md):
 // not at all, or from torchrun's environment.
 enum class DistMode { off, env };
+// Where the parameters other ranks own live between their uses
+// (docs/data-parallel.md): on every rank, or gathered for each use and
+// dropped after it (Note [Parameters gathered for their use] in
+// hooks/torch/sharded_params.cc).
+enum class DistParams { replicated, sharded };
 
 // A byte count given either absolutely or as a fraction of some total
 // (device memory for device_budget, physical RAM for host_budget).
@@ -48,7 +53,8 @@ struct Config {
   bool prefetch = true;
   ManageMode manage = ManageMode::automatic;  // acted on by the Python start-up hook only
   DistMode dist = DistMode::off;              // acted on by the torch bridge's manage()
-  std::string trace;                          // empty: write no trace file
+  DistParams dist_params = DistParams::replicated;
+  std::string trace;  // empty: write no trace file
   CuptiMode cupti = CuptiMode::auto_select;
   bool strict_residency = false;
   std::size_t sim_capacity = 4'000'000'000;
@@ -106,5 +112,6 @@ std::string_view to_string(CuptiMode);
 std::string_view to_string(LogLevel);
 std::string_view to_string(ManageMode);
 std::string_view to_string(DistMode);
+std::string_view to_string(DistParams);
 
 }  // namespace spillway

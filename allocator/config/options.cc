@@ -110,6 +110,10 @@ constexpr std::array<std::pair<std::string_view, DistMode>, 2> kDistNames{{
     {"off", DistMode::off},
     {"env", DistMode::env},
 }};
+constexpr std::array<std::pair<std::string_view, DistParams>, 2> kDistParamsNames{{
+    {"replicated", DistParams::replicated},
+    {"sharded", DistParams::sharded},
+}};
 constexpr std::array<std::pair<std::string_view, LogLevel>, 4> kLogNames{{
     {"error", LogLevel::error},
     {"warn", LogLevel::warn},
@@ -156,7 +160,7 @@ constexpr int kMaxWarmupSteps = 1000;
 #define SPILLWAY_BOOL_FORM "a boolean (true, false, 1, 0, on, off, yes, no)"
 
 // The table. Rows are in documentation order; docs/configuration.md mirrors it.
-const std::array<OptionRow, 16> kOptionRows{{
+const std::array<OptionRow, 17> kOptionRows{{
     {{"device", "auto", "auto, cuda or sim",
       "device backend; auto picks cuda when a GPU is usable, else sim with a warning"},
      [](std::string_view value, Config& config) {
@@ -255,6 +259,17 @@ const std::array<OptionRow, 16> kOptionRows{{
        return mode.has_value();
      },
      [](const Config& config) { return std::string(to_string(config.dist)); }},
+
+    {{"dist_params", "replicated", "replicated or sharded",
+      "sharded: each rank keeps the parameters it owns and gathers the others' for each use "
+      "(every rank must use the same parameters in the same order); replicated: every rank "
+      "keeps them all"},
+     [](std::string_view value, Config& config) {
+       auto mode = parse_enum(value, kDistParamsNames);
+       if (mode) config.dist_params = *mode;
+       return mode.has_value();
+     },
+     [](const Config& config) { return std::string(to_string(config.dist_params)); }},
 
     {{"trace", "", "a file path without ',' (empty: no trace)", "path of the trace file to write"},
      [](std::string_view value, Config& config) {
@@ -423,6 +438,9 @@ std::string_view to_string(EvictionPolicyKind policy) {
 std::string_view to_string(CuptiMode mode) { return detail::enum_name(mode, detail::kCuptiNames); }
 std::string_view to_string(LogLevel level) { return detail::enum_name(level, detail::kLogNames); }
 std::string_view to_string(DistMode mode) { return detail::enum_name(mode, detail::kDistNames); }
+std::string_view to_string(DistParams mode) {
+  return detail::enum_name(mode, detail::kDistParamsNames);
+}
 std::string_view to_string(ManageMode mode) {
   return detail::enum_name(mode, detail::kManageNames);
 }

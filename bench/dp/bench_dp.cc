@@ -16,6 +16,15 @@
 //                                   chunk group during backward, over the
 //                                   same reducing after backward
 //                                   (--reduce-after-backward)
+// and with dist_params:sharded (docs/data-parallel.md, "Sharded parameters"):
+//   dp_param_bytes_per_rank_ratio_sharded_N  parameter chunk bytes a rank
+//                                   holds between steps times N, over the
+//                                   model's (the worst rank)
+//   dp_comm_bytes_vs_min_sharded_N  what each rank sent and received per
+//                                   step over ZeRO-3's minimum, (N-1)/N of
+//                                   the parameters twice (forward and
+//                                   backward) plus of the gradients
+//   dp_step_sharded_vs_replicated_N median step time sharded over replicated
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -64,17 +73,18 @@ struct Folder {
 };
 
 // The demo's figures for `ranks` ranks; throws with the run's output when it fails.
-// `extra`: more of the demo's options.
+// `extra`: more of the demo's options; `more_conf`: more configuration.
 nlohmann::json run_demo(const Options& options, int ranks, const Folder& folder,
-                        const std::string& extra = "") {
-  const std::string name = fmt::format("n{}{}", ranks, extra.empty() ? "" : "-extra");
+                        const std::string& extra = "", const std::string& more_conf = "") {
+  const std::string name = fmt::format("n{}{}{}", ranks, extra.empty() ? "" : "-extra",
+                                       more_conf.empty() ? "" : "-conf");
   const std::string figures = fmt::format("{}/{}.json", folder.path, name);
   const std::string log = fmt::format("{}/{}.log", folder.path, name);
   const std::string command = fmt::format(
       "OMP_NUM_THREADS=1 SPILLWAY_CONF='{}' '{}' {} --nproc {} --batch {} --steps {} "
       "--optimizer spillway-adam {} --figures '{}' > '{}' 2>&1",
-      kConf, SPILLWAY_TRAIN_DEMO, options.model, ranks, options.batch / ranks, options.steps, extra,
-      figures, log);
+      std::string(kConf) + more_conf, SPILLWAY_TRAIN_DEMO, options.model, ranks,
+      options.batch / ranks, options.steps, extra, figures, log);
   if (std::system(command.c_str()) != 0)
     throw std::runtime_error(fmt::format("spillway-train-demo --nproc {} failed; its output:\n{}",
                                          ranks, read_text(log)));
@@ -126,6 +136,27 @@ void BM_DataParallel(benchmark::State& state) {
               after_ms));
           report_metric("dp_backward_overlap_2", ms / after_ms, "ratio");
         }
+        const nlohmann::json sharded = run_demo(options, ranks, folder, "", ",dist_params:sharded");
+        report_metric(fmt::format("dp_param_bytes_per_rank_ratio_sharded_{}", ranks),
+                      worst(sharded,
+                            [&](const nlohmann::json& r) {
+                              return r.at("parameter_chunk_bytes_held").get<double>() * ranks /
+                                     r.at("parameter_chunk_bytes").get<double>();
+                            }),
+                      "ratio");
+        report_metric(fmt::format("dp_comm_bytes_vs_min_sharded_{}", ranks),
+                      worst(sharded,
+                            [&](const nlohmann::json& r) {
+                              const double minimum = (2 * r.at("parameter_bytes").get<double>() +
+                                                      r.at("gradient_bytes").get<double>()) *
+                                                     (ranks - 1) / ranks;
+                              return (r.at("bytes_sent_per_step").get<double>() +
+                                      r.at("bytes_received_per_step").get<double>()) /
+                                     (2 * minimum);
+                            }),
+                      "ratio");
+        report_metric(fmt::format("dp_step_sharded_vs_replicated_{}", ranks),
+                      worst(sharded, step_ms) / worst(figures, step_ms), "ratio");
       }
     } catch (const std::exception& e) {
       state.SkipWithError(e.what());

@@ -65,6 +65,15 @@ struct ManagedParam {
   // grad_mutex.
   c10::weak_intrusive_ptr<c10::TensorImpl> reduced_grad{c10::intrusive_ptr<c10::TensorImpl>()};
   std::uint32_t reduced_grad_version = 0;
+  // With dist_params:sharded, for a parameter its owner steps: the index of
+  // its chunk group in its model's layout (else -1); whether the group is
+  // dropped (every rank but the owner dropped its bytes), so that an op
+  // gathers it first; and when an op last used it. The same on every rank:
+  // Note [Parameters gathered for their use] (sharded_params.cc).
+  std::atomic<std::int32_t> shard_group{-1};
+  std::atomic<bool> shard_dropped{false};
+  std::atomic<bool> shard_owned{false};  // this rank owns it
+  std::atomic<std::uint64_t> last_use{0};
 };
 
 // What the op hook needs to know about one managed storage.
@@ -128,6 +137,15 @@ ChunkManager& active_chunk_manager();
 
 // Installs the global RecordFunction callback (once; op_hooks.cc).
 void install_op_hooks();
+
+// Where an op on `device` acquires its managed inputs (Note [The op's
+// stream] in op_hooks.cc): on CUDA the current stream, which waits for a
+// fetch; on the CPU the host, which blocks for it.
+struct OpStream {
+  Stream stream;
+  WaitMode wait = WaitMode::host;
+};
+OpStream op_stream(c10::Device device);
 // Puts the bridge's variable hooks in front of torch's, so set_data on a
 // managed parameter is followed at the call (set_data_hook.cc). Once.
 void install_set_data_hook();

@@ -59,6 +59,7 @@
 #include "hooks/torch/client_names.h"
 #include "hooks/torch/data_parallel.h"
 #include "hooks/torch/optim.h"
+#include "hooks/torch/sharded_params.h"
 #include "hooks/torch/sim_torch_allocator.h"
 #include "hooks/torch/spillway_torch.h"
 #include "hooks/torch/torch_parallel_for.h"
@@ -420,6 +421,9 @@ torch::Tensor ChunkedOptimizer::step(LossClosure closure) {
 
 void ChunkedOptimizer::step_scaled(double grad_scale) {
   at::NoGradGuard no_grad;
+  // Note [Uses only the owner makes] (sharded_params.cc): each rank steps
+  // what it owns.
+  const torch_bridge::OwnerUses owner_uses;
   place_all();  // parameters of groups added since
   ChunkManager& chunks = torch_bridge::active_chunk_manager();
   Runtime& runtime = Runtime::process();
@@ -622,7 +626,12 @@ std::optional<ChunkedOptimizer::ParamState> ChunkedOptimizer::param_state(
     read_chunk_tensor(chunks, slot, values.data_ptr(), record->count * sizeof(float));
     state.slots.push_back(std::move(values));
   }
-  if (record->low_precision()) {
+  // Not yet stepped, and its values on their owner alone (dist_params:
+  // sharded: Note [Parameters gathered for their use]): no master to widen.
+  const ManagedParam& managed = *record->managed;
+  const bool values_elsewhere = managed.shard_dropped.load(std::memory_order_acquire) &&
+                                !managed.shard_owned.load(std::memory_order_acquire);
+  if (record->low_precision() && (record->master_ready || !values_elsewhere)) {
     state.master = torch::empty({count}, torch::kFloat);
     if (record->master_ready) {
       read_chunk_tensor(chunks, record->master, state.master.data_ptr(),

@@ -38,6 +38,7 @@
 #include <ATen/Context.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 
+#include "hooks/torch/sharded_params.h"
 #include "hooks/torch/spillway_torch.h"
 
 namespace spillway::torch_bridge {
@@ -191,7 +192,7 @@ DataParallelTraffic data_parallel_traffic() {
   using torch_bridge::collectives;
   return {bytes_sent.load(std::memory_order_relaxed),
           bytes_received.load(std::memory_order_relaxed),
-          collectives.load(std::memory_order_relaxed)};
+          collectives.load(std::memory_order_relaxed), torch_bridge::parameter_gathers()};
 }
 
 }  // namespace spillway

@@ -90,6 +90,7 @@
 #include "hooks/torch/client_names.h"
 #include "hooks/torch/collective_wait.h"
 #include "hooks/torch/rank_layout.h"
+#include "hooks/torch/sharded_params.h"
 #include "hooks/torch/spillway_torch.h"
 
 namespace spillway {
@@ -130,6 +131,34 @@ void write_bytes(const ManagedParam& managed, const at::Tensor& values) {
       values.clone().view(managed.param.scalar_type()).view(managed.param.sizes()));
 }
 
+// Writes `values` (bytes in logical order) into the parameter's chunk
+// without an op on the parameter. An op would bump its version counter,
+// and autograd refuses a backward through a tensor written since forward
+// saved it: a group gathered again during backward (Note [Parameters
+// gathered for their use], sharded_params.cc) or a step's gathering
+// between a forward and its backward.
+void write_gathered(ChunkManager& chunks, const ManagedParam& managed, const at::Tensor& values) {
+  const at::Tensor& param = managed.param;
+  const OpStream on = op_stream(param.device());
+  void* address = nullptr;
+  if (chunks.acquire(managed.param_id, on.stream, &address, AccessMode::read_write, on.wait,
+                     OverBudget::overrun) != Status::ok)
+    throw std::runtime_error(fmt::format(
+        "spillway data parallel: writing the gathered values of '{}' of model '{}' failed: {}",
+        chunks.tensor_info(managed.param_id).value_or(TensorInfo{}).name,
+        client_name(managed.client), ChunkManager::last_error()));
+  try {
+    // A tensor of its own over the chunk's bytes: no op hook, no version.
+    at::from_blob(address, param.sizes(), param.strides(),
+                  at::TensorOptions(param.scalar_type()).device(param.device()))
+        .copy_(values.clone().view(param.scalar_type()).view(param.sizes()));
+  } catch (...) {
+    chunks.release(managed.param_id, on.stream);
+    throw;
+  }
+  chunks.release(managed.param_id, on.stream);
+}
+
 // The member's parameters that its owner steps (stepped_by_owner), in
 // layout order: what the reductions and gatherings move.
 std::vector<ManagedParam*> stepped(const std::vector<std::shared_ptr<ManagedParam>>& member) {
@@ -139,11 +168,16 @@ std::vector<ManagedParam*> stepped(const std::vector<std::shared_ptr<ManagedPara
   return params;
 }
 
-void gather_group(c10d::ProcessGroup& group, const ChunkGroup& chunk_group) {
+}  // namespace
+
+void gather_chunk_group(c10d::ProcessGroup& group, const ChunkGroup& chunk_group,
+                        bool (*moved)(const ManagedParam&)) {
   const int world = group.getSize();
   const int rank = group.getRank();
-  std::vector<std::vector<ManagedParam*>> members;
-  for (const auto& member : chunk_group.members) members.push_back(stepped(member));
+  std::vector<std::vector<ManagedParam*>> members(chunk_group.members.size());
+  for (std::size_t j = 0; j < chunk_group.members.size(); ++j)
+    for (const auto& managed : chunk_group.members[j])
+      if (moved(*managed)) members[j].push_back(managed.get());
   std::int64_t widest = 0;
   for (const auto& member : members) {
     std::int64_t member_bytes = 0;
@@ -163,11 +197,12 @@ void gather_group(c10d::ProcessGroup& group, const ChunkGroup& chunk_group) {
   at::Tensor all = at::empty({widest * world}, staging);
   run_collective(group, "gathering parameters", all_gather_payload(widest, world),
                  [&] { return group._allgather_base(all, mine); });
+  ChunkManager& chunks = active_chunk_manager();
   for (int owner = 0; owner < world; ++owner) {
     if (owner == rank) continue;
     offset = widest * owner;
     for (const ManagedParam* managed : members[static_cast<std::size_t>(owner)]) {
-      write_bytes(*managed, all.narrow(0, offset, bytes(*managed)));
+      write_gathered(chunks, *managed, all.narrow(0, offset, bytes(*managed)));
       offset += bytes(*managed);
     }
   }
@@ -211,6 +246,8 @@ void broadcast_from_rank_zero(c10d::ProcessGroup& group, const RankLayout& layou
     offset += bytes(*managed);
   }
 }
+
+namespace {
 
 // Note [Gradients travel in their own dtype]
 // A member's segment in the all-to-all holds its gradients in their own
@@ -600,7 +637,7 @@ bool gradients_unreduced(const RankLayout& layout) {
 }
 
 c10::intrusive_ptr<c10d::ProcessGroup> current_group() {
-  std::lock_guard lock(data_parallel().mutex);
+  std::lock_guard lock(data_parallel().mutex);  // briefly: not the turn
   return data_parallel().group;
 }
 
@@ -614,8 +651,19 @@ void mark_gradients_reduced(const ChunkGroup& chunk_group) {
 
 bool data_parallel_group_set() { return data_parallel().has_group.load(std::memory_order_acquire); }
 
+namespace {
+thread_local bool t_holds_turn = false;
+}  // namespace
+
+TurnLock::TurnLock() : lock_(data_parallel().mutex) { t_holds_turn = true; }
+TurnLock::TurnLock(TurnLock&& other) noexcept : lock_(std::move(other.lock_)) {}
+TurnLock::~TurnLock() {
+  if (lock_.owns_lock()) t_holds_turn = false;
+}
+bool TurnLock::held_by_this_thread() { return t_holds_turn; }
+
 CollectivesTurn take_collectives_turn() {
-  std::unique_lock lock(data_parallel().mutex);
+  TurnLock lock;
   c10::intrusive_ptr<c10d::ProcessGroup> group = data_parallel().group;
   return {std::move(lock), std::move(group)};
 }
@@ -629,16 +677,24 @@ namespace {
 // Every rank takes the values of the parameters other ranks own, for every
 // client or for `only`.
 void gather_from_owners(ChunkManager& chunks, std::optional<ClientId> only) {
+  close_owner_step();  // Note [Uses only the owner makes] (sharded_params.cc)
   const c10::intrusive_ptr<c10d::ProcessGroup> group = current_group();
   if (!group) return;
-  std::lock_guard lock(data_parallel().mutex);
+  TurnLock lock;
   begin_operation(*group);
   const std::vector<RankLayout> layouts = rank_layouts(chunks, group->getSize(), only);
   check_layouts_agree(*group, layouts);
+  // Note [Parameters gathered for their use] (sharded_params.cc): with
+  // sharded parameters, what this rank does not own is dropped instead.
+  const bool sharded = parameters_sharded(*group);
+  if (sharded) gather_frozen_since_dropped(*group);
   for (const RankLayout& layout : layouts) {
-    for (const ChunkGroup& chunk_group : layout.groups) gather_group(*group, chunk_group);
+    if (!sharded)
+      for (const ChunkGroup& chunk_group : layout.groups)
+        gather_chunk_group(*group, chunk_group, stepped_by_owner);
     broadcast_from_rank_zero(*group, layout);
   }
+  if (sharded) drop_gathered(chunks, *group, only);
 }
 
 }  // namespace
@@ -647,7 +703,7 @@ std::vector<std::optional<double>> owned_figures_everywhere(
     std::vector<std::optional<double>> figures, std::string_view what) {
   const c10::intrusive_ptr<c10d::ProcessGroup> group = current_group();
   if (!group || group->getSize() == 1) return figures;
-  std::lock_guard lock(data_parallel().mutex);
+  TurnLock lock;
   begin_operation(*group);
   // Note [Per-parameter figures summed over owners]
   const auto count = static_cast<std::int64_t>(figures.size());
@@ -681,7 +737,7 @@ std::vector<std::optional<double>> owned_figures_everywhere(
 bool on_any_rank(bool condition, std::string_view what) {
   const c10::intrusive_ptr<c10d::ProcessGroup> group = current_group();
   if (!group || group->getSize() == 1) return condition;
-  std::lock_guard lock(data_parallel().mutex);
+  TurnLock lock;
   begin_operation(*group);
   std::vector<at::Tensor> flag{at::full(
       {1}, condition ? 1 : 0, at::TensorOptions(at::kInt).device(collective_device(*group)))};
@@ -715,7 +771,7 @@ void check_not_accumulating_onto_reduced(const ManagedParam& managed) {
 void barrier(std::string_view what) {
   const c10::intrusive_ptr<c10d::ProcessGroup> group = current_group();
   if (!group || group->getSize() == 1) return;
-  std::lock_guard lock(data_parallel().mutex);
+  TurnLock lock;
   begin_operation(*group);
   run_collective(*group, what, CollectivePayload{}, [&] { return group->barrier(); });
 }
@@ -744,6 +800,9 @@ void set_process_group(c10::intrusive_ptr<c10d::ProcessGroup> group) {
   // Refused here, not at the first reduction (Note [The device collectives take]).
   if (group) torch_bridge::collective_device(*group);
   ChunkManager& chunks = torch_bridge::active_chunk_manager();
+  // Note [Parameters gathered for their use]: what this rank dropped comes
+  // back through the group it was dropped in, before that group goes.
+  torch_bridge::gather_everything_dropped();
   {
     std::lock_guard lock(torch_bridge::data_parallel().mutex);
     torch_bridge::data_parallel().has_group.store(group != nullptr, std::memory_order_release);
@@ -759,7 +818,7 @@ void reduce_clients(const std::optional<std::vector<torch::Tensor>>& params) {
   const c10::intrusive_ptr<c10d::ProcessGroup> group = torch_bridge::current_group();
   if (!group) return;
   ChunkManager& chunks = torch_bridge::active_chunk_manager();
-  std::lock_guard lock(torch_bridge::data_parallel().mutex);
+  torch_bridge::TurnLock lock;
   torch_bridge::begin_operation(*group);
   // Every model's layout, as a backward compares them: Note [What each
   // rank is reducing for].
@@ -786,6 +845,9 @@ void reduce_clients(const std::optional<std::vector<torch::Tensor>>& params) {
     for (const torch_bridge::ChunkGroup& chunk_group : layouts[i].groups)
       torch_bridge::start_group_reduction(chunks, *group, chunk_group).finish();
   }
+  // The optimizers' step comes next: Note [Uses only the owner makes]
+  // (sharded_params.cc).
+  torch_bridge::open_owner_step();
 }
 
 }  // namespace

@@ -68,13 +68,39 @@ void check_not_accumulating_onto_reduced(const ManagedParam& managed);
 // be stale by the time the caller acts: a hint for skipping work.
 bool data_parallel_group_set();
 
-// The data parallel group (null without one), with the lock that
-// serialises its collectives: one sequence of them per process.
+// The lock that serialises the data parallel collectives (one sequence of
+// them per process), marking the thread that holds it.
+class TurnLock {
+ public:
+  TurnLock();
+  TurnLock(TurnLock&& other) noexcept;
+  TurnLock& operator=(TurnLock&&) = delete;
+  ~TurnLock();
+  // Whether this thread holds the turn: an op it runs then belongs to a
+  // collective, which must not start another.
+  static bool held_by_this_thread();
+
+ private:
+  std::unique_lock<std::mutex> lock_;
+};
+
+// The data parallel group (null without one), with the turn.
 struct CollectivesTurn {
-  std::unique_lock<std::mutex> lock;
+  TurnLock lock;
   c10::intrusive_ptr<c10d::ProcessGroup> group;
 };
 CollectivesTurn take_collectives_turn();
+
+// One all-gather of the owners' bytes of `chunk_group`'s parameters that
+// `moved` selects: every rank writes in those it does not own. With the
+// turn held.
+void gather_chunk_group(c10d::ProcessGroup& group, const ChunkGroup& chunk_group,
+                        bool (*moved)(const ManagedParam&));
+
+// Broadcasts rank 0's bytes of every tensor of `layout` that no optimizer
+// steps (Note [What no optimizer steps comes from rank 0]). With the turn
+// held.
+void broadcast_from_rank_zero(c10d::ProcessGroup& group, const RankLayout& layout);
 
 // Counts a data parallel operation (Note [A failed collective names the
 // missing ranks]); with the turn held.

@@ -22,6 +22,7 @@
 #include "hooks/torch/client_names.h"
 #include "hooks/torch/data_parallel.h"
 #include "hooks/torch/op_gpu_timing.h"
+#include "hooks/torch/sharded_params.h"
 #include "hooks/torch/spillway_torch.h"
 #include "hooks/torch/torch_out_of_memory.h"
 
@@ -183,6 +184,10 @@ void unmanage_params(const std::vector<torch::Tensor>& params) {
     }
     if (found == nullptr) continue;
     ManagedParam& managed = *found;
+    // Note [Parameters gathered for their use] (sharded_params.cc): the
+    // bytes copied out below must be here; a collective when they are not.
+    ManagedParam* const use[] = {&managed};
+    torch_bridge::gather_for_op(use);
     torch_bridge::stop_rebinding_after_accumulation(managed);
     torch_bridge::rebind_grad_if_replaced(chunks, managed);
     // Note [set_data on a managed parameter]: data of the old layout goes

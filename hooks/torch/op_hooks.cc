@@ -71,6 +71,7 @@
 #include "allocator/config/log.h"
 #include "hooks/torch/bridge.h"
 #include "hooks/torch/op_gpu_timing.h"
+#include "hooks/torch/sharded_params.h"
 #include "hooks/torch/spillway_torch.h"
 
 namespace spillway::torch_bridge {
@@ -190,8 +191,8 @@ void warn_overrun(const at::RecordFunction& fn, std::size_t over_bytes, ChunkMan
   // the memory outside chunks: advice from min_budget_bytes alone can be
   // less than the budget that just overran.
   const Stats stats = Runtime::process().stats();
-  const auto outside = static_cast<std::size_t>(
-      std::max<std::int64_t>(0, stats.allocated_bytes_non_model.current));
+  const auto outside =
+      static_cast<std::size_t>(std::max<std::int64_t>(0, stats.allocated_bytes_non_model.current));
   SPILLWAY_LOG(warn,
                "op {}: its managed inputs did not fit in the device budget of {} with every "
                "resident chunk in compute, so they were made resident {} past it. Raise "
@@ -202,20 +203,6 @@ void warn_overrun(const at::RecordFunction& fn, std::size_t over_bytes, ChunkMan
                fn.name(), format_bytes(chunks.effective_budget_bytes()), format_bytes(over_bytes),
                format_bytes(chunks.effective_budget_bytes() + over_bytes),
                format_bytes(chunks.min_budget_bytes()), format_bytes(outside));
-}
-
-struct OpStream {
-  Stream stream;
-  WaitMode wait = WaitMode::host;
-};
-
-// Note [The op's stream].
-OpStream op_stream(c10::Device device) {
-  if (device.is_cuda()) {
-    const c10::impl::VirtualGuardImpl cuda(c10::DeviceType::CUDA);
-    return {Stream{cuda.getStream(device).native_handle()}, WaitMode::stream};
-  }
-  return {};
 }
 
 void note_tensor(const at::Tensor& tensor, std::size_t input, const at::RecordFunction& fn,
@@ -259,6 +246,20 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
     }
   }
   if (managed.empty()) return nullptr;
+
+  // Note [Parameters gathered for their use] (sharded_params.cc): before
+  // anything is acquired, so that the gather's own ops find them present.
+  c10::SmallVector<ManagedParam*, 4> params;
+  for (const ManagedInput& input : managed)
+    if (input.binding.managed != nullptr && input.binding.kind == TensorKind::param)
+      params.push_back(input.binding.managed.get());
+  if (!params.empty()) {
+    try {
+      gather_for_op(params);
+    } catch (const std::exception& e) {
+      stop_before_op(fn, e.what());
+    }
+  }
 
   Runtime& runtime = Runtime::process();
   ChunkManager& chunks = runtime.chunk_manager();
@@ -328,6 +329,15 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext* context) {
 }
 
 }  // namespace
+
+// Note [The op's stream].
+OpStream op_stream(c10::Device device) {
+  if (device.is_cuda()) {
+    const c10::impl::VirtualGuardImpl cuda(c10::DeviceType::CUDA);
+    return {Stream{cuda.getStream(device).native_handle()}, WaitMode::stream};
+  }
+  return {};
+}
 
 OpHookSuppression::OpHookSuppression() : previous_(t_hook_suppressed) { t_hook_suppressed = true; }
 OpHookSuppression::~OpHookSuppression() { t_hook_suppressed = previous_; }

@@ -81,6 +81,8 @@ class ChunkedOptimizer : public torch::optim::Optimizer {
     std::int64_t step = 0;
     bool started = false;  // the state has been updated at least once
     std::vector<torch::Tensor> slots;
+    // A low-precision parameter's fp32 master copy; undefined for one not
+    // yet stepped whose values this rank dropped (dist_params:sharded).
     torch::Tensor master;
   };
   // Empty when the optimizer holds no state for `param` (not in its groups,

@@ -41,6 +41,7 @@
 #include <torch/serialize.h>
 
 #include "hooks/torch/data_parallel.h"
+#include "hooks/torch/sharded_params.h"
 #include "hooks/torch/sim_torch_allocator.h"
 #include "hooks/torch/spillway_torch.h"
 
@@ -567,9 +568,13 @@ void save_checkpoint(const std::string& directory, torch::nn::Module& module,
   const Entries entries = module_entries(module);
   const std::vector<int> entry_writers = writers(tensors_of(entries));
   c10::impl::GenericDict module_values = string_dict();
-  for (std::size_t i = 0; i < entries.size(); ++i)
-    if (entry_writers[i] == rank)
-      module_values.insert(entries[i].first, host_copy(entries[i].second));
+  {
+    // Note [Uses only the owner makes] (sharded_params.cc): what this rank writes.
+    const torch_bridge::OwnerUses owner_uses;
+    for (std::size_t i = 0; i < entries.size(); ++i)
+      if (entry_writers[i] == rank)
+        module_values.insert(entries[i].first, host_copy(entries[i].second));
+  }
   c10::impl::GenericDict optimizer_state = string_dict();
   c10::impl::GenericDict shard = string_dict();
 

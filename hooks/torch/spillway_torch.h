@@ -161,8 +161,20 @@ struct DataParallelTraffic {
   std::int64_t bytes_sent = 0;
   std::int64_t bytes_received = 0;
   std::int64_t collectives = 0;
+  // Chunk groups gathered for the ops that use them (dist_params:sharded:
+  // Note [Parameters gathered for their use]); each is one all-gather.
+  std::int64_t parameter_gathers = 0;
 };
 DataParallelTraffic data_parallel_traffic();
+// The capacity of the managed models' parameter chunks, and of those that
+// hold bytes on this rank (on the device or the host): all of them, but
+// with dist_params:sharded about 1/N between steps (Note [Parameters
+// gathered for their use] in hooks/torch/sharded_params.cc).
+struct ParameterChunkBytes {
+  std::size_t held = 0;
+  std::size_t total = 0;
+};
+ParameterChunkBytes parameter_chunk_bytes();
 
 // Checkpoints by owner (docs/data-parallel.md; Note [Checkpoints by owner
 // from C++] in owner_checkpoint.cc): the files the Python package's

@@ -13,6 +13,7 @@
 #include "allocator/config/config.h"
 #include "allocator/runtime.h"
 #include "hooks/torch/data_parallel.h"
+#include "hooks/torch/sharded_params.h"
 #include "hooks/torch/sim_torch_allocator.h"
 #include "hooks/torch/spillway_torch.h"
 #include "python/bindings/bindings.h"
@@ -29,17 +30,25 @@ std::string checked_device(const std::string& conf) {
   return std::string(to_string(parsed.config->device));
 }
 
-// `with spillway._C._HostWork():` torch's allocations on this thread go to
-// torch's own allocator, off the simulated device (HostWorkScope): for the
-// tests' plain-torch reference runs in a process where spillway is active.
-class HostWork {
+// A context manager that holds a `Scope` (an RAII guard) for its block.
+template <typename Scope>
+class ScopeContext {
  public:
   void enter() { scope_.emplace(); }
   void exit() { scope_.reset(); }
 
  private:
-  std::optional<torch_bridge::HostWorkScope> scope_;
+  std::optional<Scope> scope_;
 };
+
+template <typename Scope>
+void bind_scope(py::module_& module, const char* name) {
+  using Context = ScopeContext<Scope>;
+  py::class_<Context>(module, name)
+      .def(py::init<>())
+      .def("__enter__", [](Context& context) { context.enter(); })
+      .def("__exit__", [](Context& context, const py::args&) { context.exit(); });
+}
 
 }  // namespace
 
@@ -63,10 +72,15 @@ void bind_runtime(py::module_& module) {
         allocator->set_budget_bytes(bytes);
       },
       py::arg("bytes"));
-  py::class_<HostWork>(module, "_HostWork")
-      .def(py::init<>())
-      .def("__enter__", [](HostWork& scope) { scope.enter(); })
-      .def("__exit__", [](HostWork& scope, const py::args&) { scope.exit(); });
+  // `with spillway._C._HostWork():` torch's allocations on this thread go
+  // to torch's own allocator, off the simulated device (HostWorkScope): for
+  // the tests' plain-torch reference runs in a process where spillway is
+  // active.
+  bind_scope<torch_bridge::HostWorkScope>(module, "_HostWork");
+  // `with spillway._C._OwnerUses():` ops use the parameters this rank owns
+  // in place and gather nothing (Note [Uses only the owner makes] in
+  // hooks/torch/sharded_params.cc): a checkpoint's save.
+  bind_scope<torch_bridge::OwnerUses>(module, "_OwnerUses");
   module.def("configure", &spillway::configure, py::arg("conf"),
              "Sets the configuration (SPILLWAY_CONF syntax) for activation.");
   module.def("activate", &spillway::activate, py::call_guard<py::gil_scoped_release>(),
@@ -162,6 +176,7 @@ void bind_runtime(py::module_& module) {
     figures["bytes_sent"] = traffic.bytes_sent;
     figures["bytes_received"] = traffic.bytes_received;
     figures["collectives"] = traffic.collectives;
+    figures["parameter_gathers"] = traffic.parameter_gathers;
     return figures;
   });
   // Note [Per-parameter figures summed over owners]: for the clipping and

@@ -115,7 +115,9 @@ def save_checkpoint(directory, module, optimizer=None):
     names = list(entries)
     entry_owners = dict(zip(names, _writers(entries.values())))
     shard = {"module": {}, "optimizer_state": {}}
-    with torch.no_grad():
+    # Note [Uses only the owner makes] (hooks/torch/sharded_params.cc): the
+    # entries this rank writes are its own.
+    with torch.no_grad(), _C._OwnerUses():
         for name in names:
             if entry_owners[name] == rank:
                 # A copy through an op: the chunk is fetched wherever it is.

@@ -24,6 +24,7 @@ error);
 unfrozen after it, then trained as "adam").
 """
 
+import os
 import sys
 
 import torch
@@ -157,7 +158,9 @@ def main():
     import torch.distributed as dist
     import spillway
 
-    spillway.enable("device:sim,strict_residency:true,chunk_size:2MiB,sim_capacity:256MiB")
+    # SPILLWAY_TEST_CONF adds to it: dist_params:sharded, say.
+    spillway.enable("device:sim,strict_residency:true,chunk_size:2MiB,sim_capacity:256MiB"
+                    + os.environ.get("SPILLWAY_TEST_CONF", ""))
     distributed = not (kind == "resume" and world == 1)
     if distributed:
         dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank,

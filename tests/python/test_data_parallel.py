@@ -33,12 +33,15 @@ import data_parallel_rank as ranked
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def run_ranks(world, folder, kind, checkpoint=None):
+def run_ranks(world, folder, kind, checkpoint=None, conf=""):
+    """`conf` is added to the ranks' configuration (",dist_params:sharded")."""
     folder.mkdir(parents=True, exist_ok=True)
     extra = [] if checkpoint is None else [str(checkpoint)]
+    environment = dict(os.environ, SPILLWAY_TEST_CONF=conf)
     processes = [subprocess.Popen(
         [sys.executable, os.path.join(HERE, "data_parallel_rank.py"), str(rank), str(world),
-         str(folder), kind] + extra, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+         str(folder), kind] + extra, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=environment)
         for rank in range(world)]
     try:
         outputs = [process.communicate(timeout=240)[0] for process in processes]
@@ -93,6 +96,7 @@ def test_ranks_match_plain_torch_bit_for_bit(tmp_path, world, kind):
     # gathering move at least (N-1)/N of the gradients and of the parameters.
     traffic = [result["traffic"] for result in results]
     assert sum(t["bytes_sent"] for t in traffic) == sum(t["bytes_received"] for t in traffic)
+    assert all(t["parameter_gathers"] == 0 for t in traffic), "replicated: nothing to gather"
     if kind != "amp":  # a skipped step gathers nothing
         model_bytes = sum(p.numel() * p.element_size()
                           for p in ranked.make_model(kind).parameters())
@@ -113,6 +117,39 @@ def test_ranks_match_plain_torch_bit_for_bit(tmp_path, world, kind):
         scales = results[0]["scales"]
         assert scales[ranked.OVERFLOW_STEP] < scales[0], "the overflow did not lower the scale"
     assert_matches(results, expected_params, expected_states)
+
+
+@pytest.mark.parametrize("world,kind", [(2, "adam"), (3, "sgd"), (3, "clip"), (2, "amp"),
+                                        (2, "accumulate"), (2, "checkpointed")])
+def test_sharded_parameters_match_plain_torch_bit_for_bit(tmp_path, world, kind):
+    """dist_params:sharded (Note [Parameters gathered for their use]): each
+    rank keeps its own parameter chunks and gathers the others' for each op
+    that uses them, in the unchanged loop; a reentrant checkpoint's
+    recomputation gathers again inside backward; a step the scaler skips
+    ends at the next forward (Note [Uses only the owner makes])."""
+    results = run_ranks(world, tmp_path / "ranks", kind, conf=",dist_params:sharded")
+    expected_params, expected_states, expected_norms = oracle(world, kind)
+    for rank, result in enumerate(results):  # at least one gather a step
+        assert result["traffic"]["parameter_gathers"] >= ranked.STEPS, rank
+    if kind == "clip":
+        for rank, result in enumerate(results):
+            assert [n.item() for n in result["norms"]] == [n.item() for n in expected_norms], \
+                f"rank {rank} clipped by another norm"
+    assert_matches(results, expected_params, expected_states)
+
+
+def test_a_sharded_checkpoint_resumes_replicated_and_sharded(tmp_path):
+    """Saved with sharded parameters at N = 2, each rank writing what it
+    owns (Note [Uses only the owner makes]); resumed at N = 2 with
+    replicated parameters and at N = 4 with sharded ones, as plain torch."""
+    checkpoint = tmp_path / "checkpoint"
+    saved = run_ranks(2, tmp_path / "save", "save", checkpoint, conf=",dist_params:sharded")
+    expected_params, expected_states, _ = oracle(2, "adam")
+    assert_matches(saved, expected_params, expected_states)
+    for world, conf in ((2, ""), (4, ",dist_params:sharded")):
+        results = run_ranks(world, tmp_path / f"resume{world}", "resume", checkpoint, conf=conf)
+        expected_params, expected_states, _ = oracle(2, "adam", resumed_world=world)
+        assert_matches(results, expected_params, expected_states)
 
 
 def test_reentrant_checkpointing_sends_a_group_once_not_once_per_segment(tmp_path):

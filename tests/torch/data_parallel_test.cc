@@ -30,6 +30,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <initializer_list>
 #include <iterator>
 #include <map>
 #include <optional>
@@ -48,6 +49,7 @@
 
 #include "allocator/runtime.h"
 #include "hooks/torch/data_parallel.h"
+#include "hooks/torch/rank_layout.h"
 #include "hooks/torch/sim_torch_allocator.h"
 #include "hooks/torch/spillway_torch.h"
 
@@ -121,6 +123,10 @@ struct Scenario {
   // many ranks load it and train `resumed_steps` more.
   int resumed_world = 0;
   int resumed_steps = 0;
+  // dist_params:sharded: each rank keeps what it owns and gathers the rest
+  // for each use (Note [Parameters gathered for their use]). Every rank must
+  // then use the same layers, so `extra` is reached by all or none.
+  bool sharded = false;
   int world_at(int step) const {
     return resumed_world > 0 && step >= steps ? resumed_world : world;
   }
@@ -133,8 +139,11 @@ constexpr int kCriticSeed = 8;
 constexpr int kCriticBatches = 100;  // its batches: step + 100
 
 // The extra layer: on some (step, rank, micro-batch) only; with 2 ranks,
-// step 1 reaches it on no rank.
-bool uses_extra(int step, int rank, int micro) { return (step + rank + micro) % 3 == 0; }
+// step 1 reaches it on no rank. With sharded parameters, on some (step,
+// micro-batch) on every rank: steps 1 and 2 reach it on none.
+bool uses_extra(const Scenario& scenario, int step, int rank, int micro) {
+  return (step + (scenario.sharded ? 0 : rank) + micro) % 3 == 0;
+}
 
 std::pair<torch::Tensor, torch::Tensor> batch(int step, int rank, int micro) {
   auto generator = at::make_generator<at::CPUGeneratorImpl>(1000 * step + 10 * rank + micro);
@@ -266,27 +275,47 @@ std::int64_t evictions() {
 
 // The chunk manager's cap is what spills; the allocator's budget is wide, as
 // reduce_gradients stages a group's gradients in fp32 beside the chunks.
-void use_conf(bool dist_env = false) {
-  spillway::configure(std::string(kConf) + (dist_env ? ",dist:env" : ""));
+void use_conf(bool dist_env = false, bool sharded = false) {
+  spillway::configure(std::string(kConf) + (dist_env ? ",dist:env" : "") +
+                      (sharded ? ",dist_params:sharded" : ""));
   spillway::activate();
   spillway::Runtime::process().active_allocator()->set_budget_bytes(std::size_t{96} << 20);
   spillway::Runtime::process().chunk_manager().set_device_budget_bytes(kChunkBudgetBytes);
 }
 
-// Bytes of optimizer-state and master chunks that hold bytes (on either
-// side): state chunks never written take no memory.
-std::int64_t materialized_state_bytes() {
+// Capacity of the chunks of the given kinds; with `materialized`, only of
+// those that hold bytes (on either side).
+std::int64_t chunk_bytes(std::initializer_list<spillway::TensorKind> kinds, bool materialized) {
   spillway::ChunkManager& chunks = spillway::Runtime::process().chunk_manager();
   std::int64_t bytes = 0;
   for (std::uint32_t client = 0; client < 64; ++client)
     for (const spillway::ChunkId chunk : chunks.chunks_of(spillway::ClientId{client})) {
       const auto info = chunks.chunk_info(chunk);
-      if (info.has_value() && info->location != spillway::Location::none &&
-          (info->kind == spillway::TensorKind::optimizer_state ||
-           info->kind == spillway::TensorKind::master))
+      if (info.has_value() && (!materialized || info->location != spillway::Location::none) &&
+          std::ranges::find(kinds, info->kind) != kinds.end())
         bytes += static_cast<std::int64_t>(info->capacity_bytes);
     }
   return bytes;
+}
+
+// Bytes of optimizer-state and master chunks that hold bytes: state chunks
+// never written take no memory.
+std::int64_t materialized_state_bytes() {
+  return chunk_bytes({spillway::TensorKind::optimizer_state, spillway::TensorKind::master},
+                     /*materialized=*/true);
+}
+
+// What a rank's parameter chunks hold: every one's capacity, the most that
+// held bytes at a step boundary, and the most after a backward.
+struct ParamBytes {
+  std::int64_t total = 0;
+  std::int64_t at_step_boundary = 0;
+  std::int64_t after_backward = 0;
+  std::int64_t gathers = 0;  // DataParallelTraffic::parameter_gathers
+};
+
+std::string param_bytes_path(const std::string& folder, int rank) {
+  return folder + "/rank" + std::to_string(rank) + ".param_bytes";
 }
 
 std::string state_bytes_path(const std::string& folder, int rank) {
@@ -295,7 +324,7 @@ std::string state_bytes_path(const std::string& folder, int rank) {
 
 // One rank's training under spillway.
 void train_rank(const RankEnvironment& env, const Scenario& scenario) {
-  use_conf(scenario.torchrun);
+  use_conf(scenario.torchrun, scenario.sharded);
   // A bf16 model is half the bytes: half the budget still spills.
   if (scenario.dtype != torch::kFloat)
     spillway::Runtime::process().chunk_manager().set_device_budget_bytes(
@@ -314,6 +343,10 @@ void train_rank(const RankEnvironment& env, const Scenario& scenario) {
   auto optimizer = make_optimizer(scenario.optimizer, model.parameters());
   auto critic_optimizer = make_optimizer(Optimizer::sgd_momentum, critic.parameters());
   RunResult result;
+  ParamBytes param_bytes;
+  const auto materialized_params = [] {
+    return chunk_bytes({spillway::TensorKind::param}, /*materialized=*/true);
+  };
   auto train = [&](Mlp& trained, torch::optim::Optimizer& trainer, int step, int batch_offset) {
     trainer.zero_grad();
     for (int micro = 0; micro < scenario.micro_batches; ++micro) {
@@ -322,10 +355,12 @@ void train_rank(const RankEnvironment& env, const Scenario& scenario) {
       // backward runs]).
       std::optional<spillway::NoSync> accumulating;
       if (micro + 1 < scenario.micro_batches) accumulating.emplace();
-      torch::mse_loss(trained.forward(x.to(scenario.dtype), uses_extra(step, env.rank, micro)),
-                      y.to(scenario.dtype))
+      torch::mse_loss(
+          trained.forward(x.to(scenario.dtype), uses_extra(scenario, step, env.rank, micro)),
+          y.to(scenario.dtype))
           .backward();
     }
+    param_bytes.after_backward = std::max(param_bytes.after_backward, materialized_params());
     // Clipping reduces the gradients itself: the reduction below must then
     // reduce nothing more (Note [A reduction reduces what backward wrote
     // since the last]).
@@ -338,11 +373,16 @@ void train_rank(const RankEnvironment& env, const Scenario& scenario) {
       spillway::reduce_gradients();
     trainer.step();
     spillway::step();
+    param_bytes.at_step_boundary = std::max(param_bytes.at_step_boundary, materialized_params());
   };
   for (int step = 0; step < scenario.steps; ++step) {
     train(model, *optimizer, step, 0);
     if (scenario.two_models) train(critic, *critic_optimizer, step, kCriticBatches);
   }
+  param_bytes.total = chunk_bytes({spillway::TensorKind::param}, /*materialized=*/false);
+  std::ofstream(param_bytes_path(env.folder, env.rank))
+      << param_bytes.total << ' ' << param_bytes.at_step_boundary << ' '
+      << param_bytes.after_backward << ' ' << spillway::data_parallel_traffic().parameter_gathers;
   // Before state_of, which reads (and so materializes) every state chunk.
   std::ofstream(state_bytes_path(env.folder, env.rank)) << materialized_state_bytes();
   EXPECT_GT(evictions(), 0) << "the budget should have spilled chunks: "
@@ -527,9 +567,9 @@ RunResult oracle(const Scenario& scenario, bool concatenated) {
       trainer.zero_grad();
       for (int micro = 0; micro < scenario.micro_batches; ++micro) {
         auto [x, y] = batch(step + batch_offset, rank, micro);
-        torch::Tensor loss =
-            torch::mse_loss(trained.forward(x.to(scenario.dtype), uses_extra(step, rank, micro)),
-                            y.to(scenario.dtype));
+        torch::Tensor loss = torch::mse_loss(
+            trained.forward(x.to(scenario.dtype), uses_extra(scenario, step, rank, micro)),
+            y.to(scenario.dtype));
         if (concatenated) loss = loss / world;
         loss.backward();
       }
@@ -657,6 +697,40 @@ void expect_ranks_match_the_oracle(const Scenario& scenario) {
               chunk_elements * scenario.world)
         << "rank " << rank << " holds " << state_elements[rank] << " of " << state_elements_total
         << " state elements";
+  // Parameters: replicated, every rank holds every chunk; sharded, each
+  // holds its own at step boundaries (together, each chunk once), and
+  // between them at most kGatheredGroups groups of the others' per model.
+  std::vector<ParamBytes> param_bytes(static_cast<std::size_t>(scenario.world));
+  std::int64_t owned_in_all = 0;
+  for (int rank = 0; rank < scenario.world; ++rank) {
+    ParamBytes& held = param_bytes[static_cast<std::size_t>(rank)];
+    std::ifstream(param_bytes_path(folder.path, rank)) >> held.total >> held.at_step_boundary >>
+        held.after_backward >> held.gathers;
+    ASSERT_GT(held.total, 0) << "rank " << rank;
+    // Replicated, nothing is gathered for an op; sharded, every step's
+    // forward gathers at least one group.
+    if (scenario.sharded)
+      EXPECT_GE(held.gathers, scenario.steps) << "rank " << rank;
+    else
+      EXPECT_EQ(held.gathers, 0) << "rank " << rank;
+    owned_in_all += held.at_step_boundary;
+    if (!scenario.sharded) {
+      EXPECT_EQ(held.at_step_boundary, held.total) << "rank " << rank;
+      continue;
+    }
+    constexpr std::int64_t kLargestChunk = std::int64_t{3} << 20;  // the wide layer's
+    const std::int64_t models = scenario.two_models ? 2 : 1;
+    EXPECT_LE(held.at_step_boundary * scenario.world,
+              held.total + models * kLargestChunk * scenario.world)
+        << "rank " << rank << " holds " << held.at_step_boundary << " of " << held.total
+        << " parameter chunk bytes at a step boundary";
+    EXPECT_LE(held.after_backward,
+              held.at_step_boundary + models * 2 * (scenario.world - 1) * kLargestChunk)
+        << "rank " << rank;
+  }
+  if (scenario.sharded)
+    EXPECT_EQ(owned_in_all, param_bytes[0].total)
+        << "at a step boundary every parameter chunk should be on its owner alone";
   // spillway's optimizer: the state chunks of what other ranks own are never
   // written, so they take no memory.
   if (scenario.optimizer == Optimizer::chunked_adam) {
@@ -747,6 +821,181 @@ TEST(DataParallel, GradientAccumulationOverMicroBatchesMatchesTheOracle) {
       {.world = 2, .steps = 2, .micro_batches = 2, .optimizer = Optimizer::adam});
 }
 
+// --- Sharded parameters (Note [Parameters gathered for their use]) ----------
+
+// Ranks that use different parameters gather different groups: each rank's
+// op fails with an error that names both groups, rather than exchanging
+// the bytes of different groups (or hanging). The op hook cannot fail the
+// op, so the rank stops with the error (Note [An op never runs on bytes
+// that are not resident]).
+TEST(DataParallelSharded, RanksThatUseDifferentParametersFailNamingTheGroups) {
+  if (auto env = rank_environment()) {
+    use_conf(/*dist_env=*/false, /*sharded=*/true);
+    torch::manual_seed(7);
+    Mlp model;
+    spillway::set_process_group(connect(*env));
+    spillway::manage(model);  // drops what this rank does not own
+    const auto layouts = spillway::torch_bridge::rank_layouts(
+        spillway::Runtime::process().chunk_manager(), env->world);
+    ASSERT_EQ(layouts.size(), 1u);
+    ASSERT_GE(layouts[0].groups.size(), 2u) << "the model should span two chunk groups";
+    // Rank r reads a parameter of group r.
+    const auto& member = layouts[0].groups[static_cast<std::size_t>(env->rank)].members[0];
+    ASSERT_FALSE(member.empty());
+    const torch::Tensor read = member.front()->param;
+    std::printf("sum %f\n", read.sum().item<double>());
+    return;
+  }
+  at::set_num_threads(1);
+  TemporaryFolder folder;
+  std::vector<pid_t> children;
+  for (int rank = 0; rank < 2; ++rank)
+    children.push_back(
+        spawn_logged(this_test_command(),
+                     {"SPILLWAY_DP_TEST_RANK=" + std::to_string(rank), "SPILLWAY_DP_TEST_WORLD=2",
+                      "SPILLWAY_DP_TEST_FOLDER=" + folder.path, "OMP_NUM_THREADS=1"},
+                     folder.path + "/rank" + std::to_string(rank) + ".log"));
+  const std::vector<int> status = wait_for_children(children);
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string log = read_file(folder.path + "/rank" + std::to_string(rank) + ".log");
+    EXPECT_FALSE(exited_cleanly(status[rank])) << "rank " << rank << ":\n" << log;
+    EXPECT_THAT(log, ::testing::HasSubstr("every rank must use the same parameters in the same "
+                                          "order"))
+        << "rank " << rank;
+    EXPECT_THAT(log, ::testing::ContainsRegex("rank [01] gathers chunk group [0-9]+ of model"))
+        << "rank " << rank;
+    EXPECT_THAT(log, ::testing::Not(::testing::HasSubstr("sum "))) << "rank " << rank;
+  }
+}
+// Each rank keeps its own parameter chunks and gathers the others' for each
+// op that uses them: the same values, bit for bit, and at step boundaries
+// each parameter chunk on its owner alone (expect_ranks_match_the_oracle).
+
+// Sixteen 1 MiB layers, the first used again last, as a tied embedding
+// is: nine chunks, five groups at N = 2.
+struct TiedDeep : torch::nn::Module {
+  static constexpr int kLayers = 16;
+  TiedDeep() {
+    for (int i = 0; i < kLayers; ++i)
+      layers.push_back(
+          register_module("layer" + std::to_string(i), torch::nn::Linear(kHidden, kHidden)));
+  }
+  // `observe` runs after each layer.
+  torch::Tensor forward(torch::Tensor x, const std::function<void()>& observe) {
+    for (auto& layer : layers) {
+      x = torch::tanh(layer(x));
+      observe();
+    }
+    x = layers.front()(x);
+    observe();
+    return x;
+  }
+  std::vector<torch::nn::Linear> layers;
+};
+
+// Through many groups, each rank holds its own chunks and at most two
+// groups of the others' (the window), and a group used again after it was
+// dropped is gathered again: the same values, bit for bit, as with
+// replicated parameters, whose training matches the oracle above; and so
+// are the values unmanage() hands back.
+TEST(DataParallelSharded, ManyGroupsAndATiedLayerTrainAsReplicatedHoldingTwoGroups) {
+  constexpr int kWorld = 2;
+  if (auto env = rank_environment()) {
+    const bool sharded = std::getenv("SPILLWAY_DP_TEST_SHARDED") != nullptr;
+    use_conf(/*dist_env=*/false, sharded);
+    torch::manual_seed(7);
+    TiedDeep model;
+    spillway::set_process_group(connect(*env));
+    spillway::manage(model);
+    torch::optim::SGD optimizer(model.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    std::int64_t most = 0;
+    std::int64_t at_boundary = 0;
+    const auto observe = [&] {
+      most = std::max(most, chunk_bytes({spillway::TensorKind::param}, /*materialized=*/true));
+    };
+    for (int step = 0; step < 3; ++step) {
+      optimizer.zero_grad();
+      const torch::Tensor x =
+          batch(step, env->rank, 0).first.narrow(1, 0, 1).expand({kBatch, kHidden});
+      model.forward(x * 0.1, observe).square().mean().backward();
+      observe();
+      spillway::reduce_gradients();
+      optimizer.step();
+      spillway::step();
+      at_boundary = std::max(at_boundary, chunk_bytes({spillway::TensorKind::param}, true));
+    }
+    const std::int64_t total = chunk_bytes({spillway::TensorKind::param}, false);
+    // Unmanaged, each parameter takes its values along: gathered first
+    // where this rank dropped them.
+    spillway::unmanage(model.parameters());
+    RunResult result;
+    for (const auto& p : model.parameters()) {
+      EXPECT_FALSE(spillway::is_managed(p));
+      result.params.push_back(p.detach().clone());
+    }
+    result.params.push_back(torch::tensor({most, at_boundary, total}));
+    result.states.resize(result.params.size());
+    save_result(result, result_path(env->folder, env->rank));
+    return;
+  }
+  at::set_num_threads(1);
+  TemporaryFolder replicated, sharded;
+  run_ranks(kWorld, replicated.path);
+  run_ranks(kWorld, sharded.path, -1, {"SPILLWAY_DP_TEST_SHARDED=1"});
+  if (::testing::Test::HasFailure()) return;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    const RunResult expected = load_result(result_path(replicated.path, rank));
+    const RunResult got = load_result(result_path(sharded.path, rank));
+    ASSERT_EQ(got.params.size(), expected.params.size());
+    for (std::size_t i = 0; i + 1 < got.params.size(); ++i)
+      EXPECT_TRUE(same_bits(got.params[i], expected.params[i]))
+          << "rank " << rank << ", parameter #" << i;
+    const torch::Tensor held = got.params.back();
+    const std::int64_t most = held[0].item<std::int64_t>();
+    const std::int64_t at_boundary = held[1].item<std::int64_t>();
+    const std::int64_t total = held[2].item<std::int64_t>();
+    constexpr std::int64_t kChunk = std::int64_t{2} << 20;
+    EXPECT_LE(at_boundary, total / kWorld + kChunk) << "rank " << rank;
+    // Its own chunks and two groups' of the other rank's, one chunk each.
+    EXPECT_LE(most, at_boundary + 2 * (kWorld - 1) * kChunk) << "rank " << rank;
+    EXPECT_LT(most, total) << "rank " << rank << " held every parameter chunk at once";
+    EXPECT_EQ(expected.params.back()[1].item<std::int64_t>(), total)
+        << "replicated, rank " << rank << " should hold every parameter chunk";
+  }
+}
+
+TEST(DataParallelSharded, TwoRanksAdamMatchTheOracleBitForBit) {
+  expect_ranks_match_the_oracle(
+      {.world = 2, .steps = 4, .optimizer = Optimizer::adam, .sharded = true});
+}
+
+TEST(DataParallelSharded, FourRanksSgdWithMomentumMatchTheOracleBitForBit) {
+  expect_ranks_match_the_oracle(
+      {.world = 4, .steps = 3, .optimizer = Optimizer::sgd_momentum, .sharded = true});
+}
+
+TEST(DataParallelSharded, TwoRanksBf16ChunkedAdamMatchTheOracleBitForBit) {
+  expect_ranks_match_the_oracle({.world = 2,
+                                 .steps = 3,
+                                 .optimizer = Optimizer::chunked_adam,
+                                 .dtype = torch::kBFloat16,
+                                 .sharded = true});
+}
+
+TEST(DataParallelSharded, GradientAccumulationAndClippingMatchTheOracle) {
+  expect_ranks_match_the_oracle({.world = 3,
+                                 .steps = 2,
+                                 .micro_batches = 2,
+                                 .optimizer = Optimizer::sgd_momentum,
+                                 .clip_norm = 0.05,
+                                 .sharded = true});
+}
+
+TEST(DataParallelSharded, TwoModelsWithTwoOptimizersMatchTheOracle) {
+  expect_ranks_match_the_oracle(
+      {.world = 2, .steps = 2, .optimizer = Optimizer::adam, .two_models = true, .sharded = true});
+}
+
 // Elementwise ops only (LibTorch's CPU kernels have no fp16 matmul). Each
 // parameter is 1.5 MiB of fp16, so each fills a chunk of its own: with two
 // ranks, rank 0 owns the weight and rank 1 the bias.
@@ -760,13 +1009,21 @@ struct Elementwise : torch::nn::Module {
   torch::Tensor weight, bias;
 };
 
+// Tests that run with replicated parameters and with sharded ones (Note
+// [Parameters gathered for their use]): the parameter is whether sharded.
+class DataParallelModes : public ::testing::TestWithParam<bool> {};
+INSTANTIATE_TEST_SUITE_P(, DataParallelModes, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Sharded" : "Replicated";
+                         });
+
 // The engine with gradient_accumulation_steps 2 on two ranks: its backward
 // runs inside NoSync but at the window's last micro-batch (Note [Reducing
 // while backward runs]), so each window is reduced once, and the ranks end
 // bit for bit where one process ends that sums each rank's scaled
 // micro-batches, then the ranks in order, and divides by 2. Without NoSync
 // the second micro-batch's backward would throw.
-TEST(DataParallel, TheEnginesAccumulationReducesOncePerWindow) {
+TEST_P(DataParallelModes, TheEnginesAccumulationReducesOncePerWindow) {
   constexpr int kWorld = 2;
   constexpr int kSteps = 2;
   constexpr int kMicroBatches = 2;
@@ -778,7 +1035,7 @@ TEST(DataParallel, TheEnginesAccumulationReducesOncePerWindow) {
     return (model.forward(x) - 0.25).pow(2).sum();
   };
   if (auto env = rank_environment()) {
-    use_conf();
+    use_conf(/*dist_env=*/false, /*sharded=*/GetParam());
     spillway::set_process_group(connect(*env));
     auto engine = spillway::initialize(std::make_shared<Elementwise>(), R"({
         "optimizer": {"type": "SGD", "params": {"lr": 0.01}},
@@ -827,11 +1084,11 @@ TEST(DataParallel, TheEnginesAccumulationReducesOncePerWindow) {
 // batch overflows its gradients while rank 0's stay finite. The loss scaler
 // must skip that step on both ranks, and the norm each rank clips by must
 // be the same (the mean gradient's), so the ranks stay identical.
-TEST(DataParallel, AnFp16OverflowOnOneRankSkipsTheStepOnEveryRank) {
+TEST_P(DataParallelModes, AnFp16OverflowOnOneRankSkipsTheStepOnEveryRank) {
   constexpr int kSteps = 4;
   constexpr int kOverflowStep = 1;
   if (auto env = rank_environment()) {
-    use_conf();
+    use_conf(/*dist_env=*/false, /*sharded=*/GetParam());
     spillway::set_process_group(connect(*env));
     auto engine = spillway::initialize(std::make_shared<Elementwise>(), R"({
         "optimizer": {"type": "SGD", "params": {"lr": 0.01}}, "gradient_clipping": 1.0,
@@ -910,10 +1167,10 @@ TEST(DataParallel, RanksWithDifferentModelsAreRefusedNamingTheParameter) {
 
 // A rank killed mid-step: the others' next collective fails within seconds
 // (not Gloo's 60 s timeout) with an error that names the rank gone missing.
-TEST(DataParallel, ARankKilledMidStepIsNamedByTheOthers) {
+TEST_P(DataParallelModes, ARankKilledMidStepIsNamedByTheOthers) {
   constexpr int kKilled = 2;
   if (auto env = rank_environment()) {
-    use_conf();
+    use_conf(/*dist_env=*/false, /*sharded=*/GetParam());
     torch::manual_seed(7);
     Mlp model;
     spillway::set_process_group(connect(*env));
@@ -949,9 +1206,9 @@ TEST(DataParallel, ARankKilledMidStepIsNamedByTheOthers) {
 
 // Ranks that initialise differently train from the owners' values: after
 // manage(), every rank holds, for each parameter, what its owner had.
-TEST(DataParallel, ManageGivesEveryRankTheOwnersValues) {
+TEST_P(DataParallelModes, ManageGivesEveryRankTheOwnersValues) {
   if (auto env = rank_environment()) {
-    use_conf();
+    use_conf(/*dist_env=*/false, /*sharded=*/GetParam());
     torch::manual_seed(100 + env->rank);
     Mlp model;
     RunResult before;
@@ -1015,10 +1272,10 @@ struct NormedMlp : torch::nn::Module {
   torch::nn::BatchNorm1d norm{nullptr};
 };
 
-TEST(DataParallel, BuffersAndFrozenParametersTakeRankZerosValues) {
+TEST_P(DataParallelModes, BuffersAndFrozenParametersTakeRankZerosValues) {
   constexpr int kWorld = 3;
   if (auto env = rank_environment()) {
-    use_conf();
+    use_conf(/*dist_env=*/false, /*sharded=*/GetParam());
     torch::manual_seed(7);
     NormedMlp model;
     spillway::set_process_group(connect(*env));
@@ -1039,6 +1296,11 @@ TEST(DataParallel, BuffersAndFrozenParametersTakeRankZerosValues) {
       optimizer.step();
       spillway::step();
     }
+    // Frozen once trained: from the next step on, rank 0's values. With
+    // sharded parameters its bytes were dropped on all ranks but its owner,
+    // so that step gathers them before it broadcasts rank 0's.
+    for (auto& p : model.last->parameters()) p.set_requires_grad(false);
+    spillway::step();
     for (const auto& b : model.buffers()) after.params.push_back(b.detach().clone());
     for (const auto& p : model.parameters()) after.params.push_back(p.detach().clone());
     before.states.resize(before.params.size());
@@ -1063,9 +1325,12 @@ TEST(DataParallel, BuffersAndFrozenParametersTakeRankZerosValues) {
     for (std::size_t i = 0; i < buffers; ++i)
       EXPECT_TRUE(same_bits(after[rank].params[i], before[0].params[i]))
           << "rank " << rank << ", buffer #" << i << " is not rank 0's";
-    for (std::size_t i = buffers; i < after[0].params.size(); ++i)
+    for (std::size_t i = buffers; i < after[0].params.size(); ++i) {
       EXPECT_TRUE(same_bits(after[rank].params[i], after[0].params[i]))
           << "rank " << rank << ", parameter #" << i - buffers;
+      EXPECT_TRUE(after[rank].params[i].ne(0).any().item<bool>())
+          << "rank " << rank << ", parameter #" << i - buffers << " is all zeros";
+    }
   }
 }
 
@@ -1490,7 +1755,7 @@ namespace {
 // `scenario.resumed_steps` more. A 1-rank run has no group at all.
 void checkpoint_rank(const RankEnvironment& env, const Scenario& scenario) {
   const char* load_from = std::getenv("SPILLWAY_DP_TEST_LOAD_FROM");
-  use_conf();
+  use_conf(/*dist_env=*/false, scenario.sharded);
   torch::manual_seed(load_from != nullptr ? 99 : 7);  // resumed: the values come from the file
   Mlp model;
   if (env.world > 1) spillway::set_process_group(connect(env));
@@ -1506,7 +1771,7 @@ void checkpoint_rank(const RankEnvironment& env, const Scenario& scenario) {
   for (int step = first; step < last; ++step) {
     optimizer->zero_grad();
     auto [x, y] = batch(step, env.rank, 0);
-    torch::mse_loss(model.forward(x, uses_extra(step, env.rank, 0)), y).backward();
+    torch::mse_loss(model.forward(x, uses_extra(scenario, step, env.rank, 0)), y).backward();
     spillway::reduce_gradients();
     optimizer->step();
     spillway::step();
@@ -1708,6 +1973,18 @@ TEST(DataParallelCheckpoint, WhatDoesNotFitIsRefusedByName) {
   }
   TemporaryFolder folder;
   run_ranks(1, folder.path);
+}
+
+// Sharded parameters at both ends: saving reads owned values only, loading
+// writes every parameter (gathering each group first), and the resumed
+// ranks drop what they do not own at their first step.
+TEST(DataParallelCheckpoint, ShardedSavedAtTwoRanksResumesAtFourBitForBit) {
+  expect_checkpoint_resumes_as_the_oracle({.world = 2,
+                                           .steps = 2,
+                                           .optimizer = Optimizer::adam,
+                                           .resumed_world = 4,
+                                           .resumed_steps = 2,
+                                           .sharded = true});
 }
 
 // spillway's chunked Adam: its state is in chunks, saved and loaded through

@@ -230,6 +230,8 @@ RunResult train(const DemoOptions& demo, bool managed, const RunResult* plain = 
                moves);
   }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // Between steps, before the copies below gather what this rank dropped.
+  const spillway::ParameterChunkBytes parameter_chunks = spillway::parameter_chunk_bytes();
   result.final_params = trainer.parameter_copies();
   const double tokens = double(demo.steps) * double(options.batch) * double(options.model.sequence);
   fmt::print("[{}] {} steps in {:.2f} s: {:.0f} tokens/s ({})\n", label, demo.steps, result.seconds,
@@ -297,6 +299,8 @@ RunResult train(const DemoOptions& demo, bool managed, const RunResult* plain = 
                       {"parameter_bytes", parameter_bytes},
                       {"gradient_bytes", gradient_bytes},
                       {"optimizer_state_bytes", held},
+                      {"parameter_chunk_bytes_held", parameter_chunks.held},
+                      {"parameter_chunk_bytes", parameter_chunks.total},
                       {"model_optimizer_state_bytes", model_state},
                       {"bytes_sent_per_step", sent},
                       {"bytes_received_per_step", received},
@@ -307,6 +311,15 @@ RunResult train(const DemoOptions& demo, bool managed, const RunResult* plain = 
           "model's {:.1f} MiB (1/{} = {:.3f})\n",
           demo.rank, demo.nproc, mib(double(held)), double(held) / double(model_state),
           mib(double(model_state)), demo.nproc, 1.0 / demo.nproc);
+      fmt::print(
+          "data parallel: rank {} holds {:.1f} MiB of parameter chunks between steps, {:.3f} of "
+          "the model's {:.1f} MiB (dist_params:{})\n",
+          demo.rank, mib(double(parameter_chunks.held)),
+          double(parameter_chunks.held) / double(std::max<std::size_t>(parameter_chunks.total, 1)),
+          mib(double(parameter_chunks.total)),
+          spillway::Runtime::process().config().dist_params == spillway::DistParams::sharded
+              ? "sharded"
+              : "replicated");
       fmt::print(
           "data parallel: rank {} sent {:.2f} MiB and received {:.2f} MiB per step, {:.3f} of "
           "the minimum ({:.2f} MiB each way: (N-1)/N of the parameters and of the gradients)\n",

@@ -250,6 +250,8 @@ class ConfigFuzz : public ::testing::Test {
     config.warmup_steps = static_cast<int>(below(1001));
     config.prefetch = chance(0.5);
     config.manage = static_cast<ManageMode>(below(2));
+    config.dist = static_cast<DistMode>(below(2));
+    config.dist_params = static_cast<DistParams>(below(2));
     config.expandable_segments = chance(0.5);
     // Any path the item syntax can carry: no ',', no whitespace at either end.
     static const std::string kPathChars = "abc/._-: XYZ09\\";

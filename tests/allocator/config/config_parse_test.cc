@@ -71,6 +71,7 @@ TEST(ConfigParse, DefaultsMatchTheDesign) {
   EXPECT_EQ(config.log, LogLevel::warn);
   EXPECT_EQ(config.manage, ManageMode::automatic);
   EXPECT_EQ(config.dist, DistMode::off);
+  EXPECT_EQ(config.dist_params, DistParams::replicated);
 }
 
 TEST(ConfigTable, KeysAreTheDesignedOnesInOrder) {
@@ -79,8 +80,8 @@ TEST(ConfigTable, KeysAreTheDesignedOnesInOrder) {
   EXPECT_THAT(names,
               ::testing::ElementsAre("device", "device_budget", "host_budget", "chunk_size",
                                      "expandable_segments", "policy", "warmup_steps", "prefetch",
-                                     "manage", "dist", "trace", "cupti", "strict_residency",
-                                     "sim_capacity", "sim_bandwidth", "log"));
+                                     "manage", "dist", "dist_params", "trace", "cupti",
+                                     "strict_residency", "sim_capacity", "sim_bandwidth", "log"));
 }
 
 TEST(ConfigTable, EveryRowIsDocumented) {
@@ -360,12 +361,12 @@ TEST(ConfigErrors, FirstErrorWinsAndNoConfigComesWithIt) {
 }
 
 TEST(ConfigFormat, DefaultsFormatInTableOrder) {
-  EXPECT_EQ(
-      format_config(Config{}),
-      "device:auto,device_budget:0.9,host_budget:0.5,chunk_size:64000000B,"
-      "expandable_segments:true,policy:planned,"
-      "warmup_steps:1,prefetch:true,manage:auto,dist:off,trace:,cupti:auto,strict_residency:false,"
-      "sim_capacity:4000000000B,sim_bandwidth:instant,log:warn");
+  EXPECT_EQ(format_config(Config{}),
+            "device:auto,device_budget:0.9,host_budget:0.5,chunk_size:64000000B,"
+            "expandable_segments:true,policy:planned,"
+            "warmup_steps:1,prefetch:true,manage:auto,dist:off,dist_params:replicated,trace:,cupti:"
+            "auto,strict_residency:false,"
+            "sim_capacity:4000000000B,sim_bandwidth:instant,log:warn");
 }
 
 TEST(ConfigFormat, RoundTripsExactly) {

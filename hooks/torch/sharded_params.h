@@ -1,0 +1,60 @@
+// sharded_params.h: with dist_params:sharded, each rank keeps the
+// parameters it owns and gathers the others' for their use (Note
+// [Parameters gathered for their use] in sharded_params.cc). Private to
+// hooks/torch.
+#pragma once
+
+#include <optional>
+#include <span>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "hooks/torch/bridge.h"
+
+namespace spillway::torch_bridge {
+
+// Whether this process shards parameters over `group`: dist_params:sharded
+// and more than one rank.
+bool parameters_sharded(c10d::ProcessGroup& group);
+
+// The op hook's, before it acquires an op's inputs: `params` are the
+// managed parameters the op uses. Gathers the chunk groups of those this
+// rank dropped (a collective per group), then drops the groups used
+// longest ago beyond the window. Throws std::runtime_error when a gather
+// fails or the ranks gather different groups.
+void gather_for_op(std::span<ManagedParam* const> params);
+
+// With the turn held, before the step's broadcast of what no optimizer
+// steps (Note [What no optimizer steps comes from rank 0]): gathers each
+// dropped group holding a parameter frozen since, whose bytes are then on
+// its owner alone.
+void gather_frozen_since_dropped(c10d::ProcessGroup& group);
+
+// With the turn held, once the owners' values are final (manage(),
+// step()): drops the bytes of every parameter this rank neither owns nor
+// needs from rank 0, for every model or for `only`. Throws
+// std::runtime_error when one is in use.
+void drop_gathered(ChunkManager& chunks, c10d::ProcessGroup& group, std::optional<ClientId> only);
+
+// Note [Uses only the owner makes] (sharded_params.cc): while an
+// OwnerUses lives, or from reduce_gradients() (open_owner_step) to
+// spillway::step() (close_owner_step), ops use the parameters this rank
+// owns in place and refuse those it dropped, gathering nothing.
+class OwnerUses {
+ public:
+  OwnerUses();
+  ~OwnerUses();
+  OwnerUses(const OwnerUses&) = delete;
+  OwnerUses& operator=(const OwnerUses&) = delete;
+};
+void open_owner_step();
+void close_owner_step();
+
+// Groups gathered so far by gather_for_op and gather_everything_dropped.
+std::int64_t parameter_gathers();
+
+// Gathers every group this rank dropped, through the group it was dropped
+// in (a collective), and keeps them: before that group is replaced.
+void gather_everything_dropped();
+
+}  // namespace spillway::torch_bridge
