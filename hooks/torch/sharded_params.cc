@@ -24,7 +24,7 @@
 //    every rank fails, naming both (dist_params:replicated has no such
 //    rule).
 //  - What stays gathered follows from the uses alone, so it is the same on
-//    every rank: each model keeps at most kGatheredGroups groups gathered,
+//    every rank: each model keeps at most kGatheredGroupsPerModel groups gathered,
 //    and a gather beyond them drops the group whose last use is oldest,
 //    never one the op itself uses or one an op running on this thread
 //    holds (a use or a hold of an owned parameter counts as on the others). Memory pressure never
@@ -78,16 +78,11 @@ namespace spillway::torch_bridge {
 
 namespace {
 
-// Groups one model keeps gathered at once. A layer's tensors can straddle
-// two chunks, and so two groups: with two, a forward through consecutive
-// layers gathers each group once.
-constexpr std::size_t kGatheredGroups = 2;
-
 struct ShardedModel {
   std::int64_t position = 0;  // among every model's layouts: the same on every rank
   std::string name;
   std::vector<ChunkGroup> groups;
-  std::vector<bool> gathered;  // per group: counts towards kGatheredGroups
+  std::vector<bool> gathered;  // per group: counts towards kGatheredGroupsPerModel
 };
 
 // Guarded by the collectives' turn.
@@ -240,14 +235,14 @@ std::uint64_t last_use(const ChunkGroup& chunk_group) {
   return last;
 }
 
-// Drops the groups used longest ago until kGatheredGroups are left, or
+// Drops the groups used longest ago until kGatheredGroupsPerModel are left, or
 // none but `pinned` and held ones.
 void keep_window(ChunkManager& chunks, ShardedModel& model, const std::set<std::size_t>& pinned,
                  int rank) {
   for (;;) {
     const auto count =
         static_cast<std::size_t>(std::count(model.gathered.begin(), model.gathered.end(), true));
-    if (count <= kGatheredGroups) return;
+    if (count <= kGatheredGroupsPerModel) return;
     std::optional<std::size_t> oldest;
     std::uint64_t oldest_use = 0;
     for (std::size_t index = 0; index < model.groups.size(); ++index) {

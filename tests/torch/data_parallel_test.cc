@@ -50,6 +50,7 @@
 #include "allocator/runtime.h"
 #include "hooks/torch/data_parallel.h"
 #include "hooks/torch/rank_layout.h"
+#include "hooks/torch/sharded_params.h"
 #include "hooks/torch/sim_torch_allocator.h"
 #include "hooks/torch/spillway_torch.h"
 
@@ -699,7 +700,8 @@ void expect_ranks_match_the_oracle(const Scenario& scenario) {
         << " state elements";
   // Parameters: replicated, every rank holds every chunk; sharded, each
   // holds its own at step boundaries (together, each chunk once), and
-  // between them at most kGatheredGroups groups of the others' per model.
+  // between them at most kGatheredGroupsPerModel groups of the others' per
+  // model.
   std::vector<ParamBytes> param_bytes(static_cast<std::size_t>(scenario.world));
   std::int64_t owned_in_all = 0;
   for (int rank = 0; rank < scenario.world; ++rank) {
@@ -725,7 +727,10 @@ void expect_ranks_match_the_oracle(const Scenario& scenario) {
         << "rank " << rank << " holds " << held.at_step_boundary << " of " << held.total
         << " parameter chunk bytes at a step boundary";
     EXPECT_LE(held.after_backward,
-              held.at_step_boundary + models * 2 * (scenario.world - 1) * kLargestChunk)
+              held.at_step_boundary +
+                  models *
+                      static_cast<std::int64_t>(spillway::torch_bridge::kGatheredGroupsPerModel) *
+                      (scenario.world - 1) * kLargestChunk)
         << "rank " << rank;
   }
   if (scenario.sharded)
@@ -871,10 +876,11 @@ TEST(DataParallelSharded, RanksThatUseDifferentParametersFailNamingTheGroups) {
 // op that uses them: the same values, bit for bit, and at step boundaries
 // each parameter chunk on its owner alone (expect_ranks_match_the_oracle).
 
-// Sixteen 1 MiB layers, the first used again last, as a tied embedding
-// is: nine chunks, five groups at N = 2.
+// Twenty-four 1 MiB layers, the first used again last, as a tied
+// embedding is: thirteen chunks, seven groups at N = 2, more than the
+// window holds.
 struct TiedDeep : torch::nn::Module {
-  static constexpr int kLayers = 16;
+  static constexpr int kLayers = 24;
   TiedDeep() {
     for (int i = 0; i < kLayers; ++i)
       layers.push_back(
@@ -893,8 +899,8 @@ struct TiedDeep : torch::nn::Module {
   std::vector<torch::nn::Linear> layers;
 };
 
-// Through many groups, each rank holds its own chunks and at most two
-// groups of the others' (the window), and a group used again after it was
+// Through many groups, each rank holds its own chunks and at most
+// kGatheredGroupsPerModel groups of the others' (the window), and a group used again after it was
 // dropped is gathered again: the same values, bit for bit, as with
 // replicated parameters, whose training matches the oracle above; and so
 // are the values unmanage() hands back.
@@ -956,8 +962,10 @@ TEST(DataParallelSharded, ManyGroupsAndATiedLayerTrainAsReplicatedHoldingTwoGrou
     const std::int64_t total = held[2].item<std::int64_t>();
     constexpr std::int64_t kChunk = std::int64_t{2} << 20;
     EXPECT_LE(at_boundary, total / kWorld + kChunk) << "rank " << rank;
-    // Its own chunks and two groups' of the other rank's, one chunk each.
-    EXPECT_LE(most, at_boundary + 2 * (kWorld - 1) * kChunk) << "rank " << rank;
+    // Its own chunks and the window's groups of the other rank's, one chunk each.
+    constexpr auto kWindow =
+        static_cast<std::int64_t>(spillway::torch_bridge::kGatheredGroupsPerModel);
+    EXPECT_LE(most, at_boundary + kWindow * (kWorld - 1) * kChunk) << "rank " << rank;
     EXPECT_LT(most, total) << "rank " << rank << " held every parameter chunk at once";
     EXPECT_EQ(expected.params.back()[1].item<std::int64_t>(), total)
         << "replicated, rank " << rank << " should hold every parameter chunk";
