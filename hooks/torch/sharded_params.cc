@@ -54,7 +54,11 @@
 // autograd (torch's, spillway's, under no_grad), so the first op after
 // reduce_gradients() that records autograd history ends the step: a step
 // skipped on an fp16 overflow, which never reaches spillway::step(), ends
-// at the next forward, on every rank at the same op.
+// at the next forward, on every rank at the same op. A forward under
+// no_grad (an eval) cannot end it, since an optimizer's own ops look the
+// same, so whatever skips a step ends the span itself: the engine calls
+// spillway::step() on a skipped step too, and the Python package's
+// GradScaler check closes it when any rank overflowed.
 #include "hooks/torch/sharded_params.h"
 
 #include <algorithm>
@@ -177,6 +181,20 @@ void check_every_rank_gathers(c10d::ProcessGroup& group, const ShardedModel& mod
     const std::int64_t position = all[rank][0].item<std::int64_t>();
     const std::int64_t other = all[rank][1].item<std::int64_t>();
     if (position == model.position && other == group_index) continue;
+    const bool a_gather = std::ranges::any_of(sharded_state().models, [&](const auto& entry) {
+      return entry.second.position == position && other >= 0 &&
+             other < static_cast<std::int64_t>(entry.second.groups.size());
+    });
+    // Another collective's bytes read as a header: that rank is elsewhere.
+    if (!a_gather)
+      throw std::runtime_error(fmt::format(
+          "spillway data parallel (dist_params:sharded): rank {} gathers chunk group {} of "
+          "model '{}' for an op, while rank {} is in another collective, not a gather of "
+          "parameters: it does not use them at this point. With sharded parameters every use "
+          "of a dropped group is a collective, so every rank must use the same parameters in "
+          "the same order (a state_dict() or a read of a parameter on one rank alone breaks "
+          "that); train such a model with dist_params:replicated",
+          group.getRank(), index, model.name, rank));
     throw std::runtime_error(fmt::format(
         "spillway data parallel (dist_params:sharded): rank {} gathers chunk group {} of model "
         "'{}' for an op, while rank {} gathers chunk group {} of {}. With sharded parameters "

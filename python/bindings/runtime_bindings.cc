@@ -183,6 +183,8 @@ void bind_runtime(py::module_& module) {
   // the loss scaler's overflow check of spillway/_data_parallel.py.
   module.def("owned_figures_everywhere", &spillway::torch_bridge::owned_figures_everywhere,
              py::arg("figures"), py::arg("what"), py::call_guard<py::gil_scoped_release>());
+  // Note [Uses only the owner makes]: a step a loss scaler skips.
+  module.def("_close_owner_step", &spillway::torch_bridge::close_owner_step);
   module.def("on_any_rank", &spillway::torch_bridge::on_any_rank, py::arg("condition"),
              py::arg("what"), py::call_guard<py::gil_scoped_release>());
 }

@@ -135,6 +135,12 @@ def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
     per_device = _torch_unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16)
     here = any(flag.item() > 0 for flag in per_device.values())
     anywhere = 1.0 if _C.on_any_rank(here, "a gradient overflowed") else 0.0
+    if anywhere:
+        # Every rank skips the optimizer's step, so none reaches the step()
+        # that ends the owners' uses the reduction began (Note [Uses only
+        # the owner makes], hooks/torch/sharded_params.cc): end them here,
+        # before an eval under no_grad would use a dropped parameter.
+        _C._close_owner_step()
     for flag in per_device.values():
         flag.fill_(anywhere)
     if not per_device:  # this rank holds none of the optimizer's gradients

@@ -6,7 +6,10 @@ managed, so that spillway trains it data parallel.
 
 KIND: "adam" or "sgd"; "clip" (Adam, gradients clipped to CLIP_NORM by
 torch.nn.utils.clip_grad_norm_); "amp" (SGD under torch.amp.GradScaler,
-whose step OVERFLOW_STEP overflows on the last rank only); "save" (Adam,
+whose step OVERFLOW_STEP overflows on the last rank only); "amp_eval" (the
+same on a model of 20 hidden layers, more chunk groups than sharded
+parameters keep gathered, with an eval under no_grad after every step,
+the skipped one included); "save" (Adam,
 then spillway.save_checkpoint to CHECKPOINT); "resume" (Adam from
 spillway.load_checkpoint of CHECKPOINT, steps STEPS to 2 STEPS - 1; a world
 of 1 runs without torch.distributed); "accumulate" (SGD, MICRO_BATCHES
@@ -41,7 +44,14 @@ MICRO_BATCHES = 2
 
 
 def hidden_layers(kind):
+    if kind == "amp_eval":
+        return 20
     return 5 if kind in ("checkpointed", "deep") else 2
+
+
+def scaled(kind):
+    """Whether the kind trains under a GradScaler."""
+    return kind in ("amp", "amp_eval")
 
 
 def make_model(kind="adam"):
@@ -82,7 +92,7 @@ def batch(step, rank, micro=0):
 
 
 def overflows(kind, step, rank, world):
-    return kind == "amp" and step == OVERFLOW_STEP and rank == world - 1
+    return scaled(kind) and step == OVERFLOW_STEP and rank == world - 1
 
 
 def state_of(optimizer, param):
@@ -184,8 +194,8 @@ def main():
         dist.destroy_process_group()
         return
     optimizer = make_optimizer(kind, model.parameters())
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8) if kind == "amp" else None
-    norms, scales, finite = [], [], []
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8) if scaled(kind) else None
+    norms, scales, finite, evals = [], [], [], []
     first = 0
     if kind == "resume":
         spillway.load_checkpoint(checkpoint, model, optimizer)
@@ -222,12 +232,15 @@ def main():
             scaler.step(optimizer)
             scaler.update()
             scales.append(scaler.get_scale())
+        if kind == "amp_eval":
+            with torch.no_grad():
+                evals.append(F.mse_loss(model(x), y).item())
     if kind == "save":
         spillway.save_checkpoint(checkpoint, model, optimizer)
     assert all(spillway._C._is_managed(p) for p in model.parameters())
     torch.save({"params": [p.detach().clone() for p in model.parameters()],
                 "states": [state_of(optimizer, p) for p in model.parameters()],
-                "norms": norms, "scales": scales, "finite": finite,
+                "norms": norms, "scales": scales, "finite": finite, "evals": evals,
                 "traffic": spillway.data_parallel_traffic()},
                f"{folder}/rank{rank}.pt")
     if distributed:

@@ -79,7 +79,7 @@ def oracle(world, kind, steps=ranked.STEPS, resumed_world=None):
             param.grad = total.div_(world)
         if kind == "clip":
             norms.append(torch.nn.utils.clip_grad_norm_(params, ranked.CLIP_NORM))
-        if kind == "amp" and step == ranked.OVERFLOW_STEP:
+        if ranked.scaled(kind) and step == ranked.OVERFLOW_STEP:
             continue
         optimizer.step()
     return ([p.detach().clone() for p in params], [ranked.state_of(optimizer, p) for p in params],
@@ -97,7 +97,7 @@ def test_ranks_match_plain_torch_bit_for_bit(tmp_path, world, kind):
     traffic = [result["traffic"] for result in results]
     assert sum(t["bytes_sent"] for t in traffic) == sum(t["bytes_received"] for t in traffic)
     assert all(t["parameter_gathers"] == 0 for t in traffic), "replicated: nothing to gather"
-    if kind != "amp":  # a skipped step gathers nothing
+    if not ranked.scaled(kind):  # a skipped step gathers nothing
         model_bytes = sum(p.numel() * p.element_size()
                           for p in ranked.make_model(kind).parameters())
         least = ranked.STEPS * 2 * model_bytes * (world - 1) // world
@@ -108,7 +108,7 @@ def test_ranks_match_plain_torch_bit_for_bit(tmp_path, world, kind):
         for rank, result in enumerate(results):
             assert [n.item() for n in result["norms"]] == [n.item() for n in expected_norms], \
                 f"rank {rank} clipped by another norm"
-    if kind == "amp":
+    if ranked.scaled(kind):
         for rank, result in enumerate(results):
             expected_finite = [not ranked.overflows(kind, step, rank, world)
                                for step in range(ranked.STEPS)]
@@ -120,17 +120,25 @@ def test_ranks_match_plain_torch_bit_for_bit(tmp_path, world, kind):
 
 
 @pytest.mark.parametrize("world,kind", [(2, "adam"), (3, "sgd"), (3, "clip"), (2, "amp"),
-                                        (2, "accumulate"), (2, "checkpointed")])
+                                        (2, "amp_eval"), (2, "accumulate"),
+                                        (2, "checkpointed")])
 def test_sharded_parameters_match_plain_torch_bit_for_bit(tmp_path, world, kind):
     """dist_params:sharded (Note [Parameters gathered for their use]): each
     rank keeps its own parameter chunks and gathers the others' for each op
     that uses them, in the unchanged loop; a reentrant checkpoint's
     recomputation gathers again inside backward; a step the scaler skips
-    ends at the next forward (Note [Uses only the owner makes])."""
+    ends the owners' uses, so an eval under no_grad after it gathers (Note
+    [Uses only the owner makes]), its losses those of replicated
+    parameters."""
     results = run_ranks(world, tmp_path / "ranks", kind, conf=",dist_params:sharded")
     expected_params, expected_states, expected_norms = oracle(world, kind)
     for rank, result in enumerate(results):  # at least one gather a step
         assert result["traffic"]["parameter_gathers"] >= ranked.STEPS, rank
+    if kind == "amp_eval":  # each rank's eval of its own batch, as replicated
+        replicated = run_ranks(world, tmp_path / "replicated", kind)
+        for rank, (mine, theirs) in enumerate(zip(results, replicated)):
+            assert len(mine["evals"]) == ranked.STEPS, rank
+            assert mine["evals"] == theirs["evals"], rank
     if kind == "clip":
         for rank, result in enumerate(results):
             assert [n.item() for n in result["norms"]] == [n.item() for n in expected_norms], \
