@@ -159,12 +159,14 @@ void write_gathered(ChunkManager& chunks, const ManagedParam& managed, const at:
   chunks.release(managed.param_id, on.stream);
 }
 
-// The member's parameters that its owner steps (stepped_by_owner), in
-// layout order: what the reductions and gatherings move.
-std::vector<ManagedParam*> stepped(const std::vector<std::shared_ptr<ManagedParam>>& member) {
+// The member's parameters that `moved` selects, in layout order: what the
+// reductions (those their owner steps: stepped_by_owner) and the gatherings
+// move.
+std::vector<ManagedParam*> selected(const std::vector<std::shared_ptr<ManagedParam>>& member,
+                                    bool (*moved)(const ManagedParam&)) {
   std::vector<ManagedParam*> params;
   for (const auto& managed : member)
-    if (stepped_by_owner(*managed)) params.push_back(managed.get());
+    if (moved(*managed)) params.push_back(managed.get());
   return params;
 }
 
@@ -174,10 +176,8 @@ void gather_chunk_group(c10d::ProcessGroup& group, const ChunkGroup& chunk_group
                         bool (*moved)(const ManagedParam&)) {
   const int world = group.getSize();
   const int rank = group.getRank();
-  std::vector<std::vector<ManagedParam*>> members(chunk_group.members.size());
-  for (std::size_t j = 0; j < chunk_group.members.size(); ++j)
-    for (const auto& managed : chunk_group.members[j])
-      if (moved(*managed)) members[j].push_back(managed.get());
+  std::vector<std::vector<ManagedParam*>> members;
+  for (const auto& member : chunk_group.members) members.push_back(selected(member, moved));
   std::int64_t widest = 0;
   for (const auto& member : members) {
     std::int64_t member_bytes = 0;
@@ -499,7 +499,7 @@ GroupReduction start_reduce_scatter(ChunkManager& chunks, c10d::ProcessGroup& gr
   std::vector<std::vector<ManagedParam*>> members;
   std::int64_t segment = 0;  // elements of every member's segment
   for (const auto& member : chunk_group.members) {
-    members.push_back(stepped(member));
+    members.push_back(selected(member, stepped_by_owner));
     segment = std::max(segment, widened_segment_elements(members.back()));
   }
   if (segment == 0) return {};
@@ -551,7 +551,7 @@ GroupReduction start_all_to_all(ChunkManager& chunks, c10d::ProcessGroup& group,
   std::vector<std::int64_t> segment;  // bytes of member j's segment
   std::int64_t total = 0;
   for (const auto& member : chunk_group.members) {
-    members.push_back(stepped(member));
+    members.push_back(selected(member, stepped_by_owner));
     layouts.push_back(segment_layout(members.back()));
     segment.push_back(layouts.back().bytes);
     total += layouts.back().bytes;

@@ -155,8 +155,7 @@ bool only_owner_uses() {
 // this rank dropped.
 void use_owned_in_place(std::span<ManagedParam* const> params) {
   for (const ManagedParam* managed : params) {
-    if (managed->shard_group.load(std::memory_order_acquire) < 0 ||
-        !managed->shard_dropped.load(std::memory_order_acquire) ||
+    if (!sharded(*managed) || !managed->shard_dropped.load(std::memory_order_acquire) ||
         managed->shard_owned.load(std::memory_order_acquire))
       continue;
     ChunkManager& chunks = active_chunk_manager();
@@ -390,7 +389,6 @@ void gather_everything_dropped() {
   CollectivesTurn turn = take_collectives_turn();
   ShardedState& state = sharded_state();
   if (!turn.group || state.models.empty()) return;
-  const int rank = turn.group->getRank();
   begin_operation(*turn.group);
   for (auto& [client, model] : state.models) {
     for (std::size_t index = 0; index < model.groups.size(); ++index)

@@ -491,11 +491,11 @@ std::vector<std::string> this_test_command() {
   return {self, std::string("--gtest_filter=") + test->test_suite_name() + "." + test->name()};
 }
 
-// Runs this test in `world` processes of this binary, one per rank, and
-// fails the test, with each failing rank's output, unless all pass within
-// the time limit. `killed_rank` is expected to die of SIGKILL instead.
-void run_ranks(int world, const std::string& folder, int killed_rank = -1,
-               const std::vector<std::string>& more_environment = {}) {
+// Runs this test in `world` processes of this binary, one per rank, each
+// one's output in FOLDER/rankR.log; returns their wait statuses
+// (wait_for_children's).
+std::vector<int> run_ranks_to_the_end(int world, const std::string& folder,
+                                      const std::vector<std::string>& more_environment = {}) {
   std::vector<pid_t> children;
   for (int rank = 0; rank < world; ++rank) {
     std::vector<std::string> environment{"SPILLWAY_DP_TEST_RANK=" + std::to_string(rank),
@@ -505,7 +505,15 @@ void run_ranks(int world, const std::string& folder, int killed_rank = -1,
     children.push_back(spawn_logged(this_test_command(), environment,
                                     folder + "/rank" + std::to_string(rank) + ".log"));
   }
-  const std::vector<int> status = wait_for_children(children);
+  return wait_for_children(children);
+}
+
+// Runs this test in `world` processes of this binary, one per rank, and
+// fails the test, with each failing rank's output, unless all pass within
+// the time limit. `killed_rank` is expected to die of SIGKILL instead.
+void run_ranks(int world, const std::string& folder, int killed_rank = -1,
+               const std::vector<std::string>& more_environment = {}) {
+  const std::vector<int> status = run_ranks_to_the_end(world, folder, more_environment);
   for (int r = 0; r < world; ++r) {
     if (r == killed_rank) {
       EXPECT_TRUE(WIFSIGNALED(status[r]) && WTERMSIG(status[r]) == SIGKILL)
@@ -853,14 +861,7 @@ TEST(DataParallelSharded, RanksThatUseDifferentParametersFailNamingTheGroups) {
   }
   at::set_num_threads(1);
   TemporaryFolder folder;
-  std::vector<pid_t> children;
-  for (int rank = 0; rank < 2; ++rank)
-    children.push_back(
-        spawn_logged(this_test_command(),
-                     {"SPILLWAY_DP_TEST_RANK=" + std::to_string(rank), "SPILLWAY_DP_TEST_WORLD=2",
-                      "SPILLWAY_DP_TEST_FOLDER=" + folder.path, "OMP_NUM_THREADS=1"},
-                     folder.path + "/rank" + std::to_string(rank) + ".log"));
-  const std::vector<int> status = wait_for_children(children);
+  const std::vector<int> status = run_ranks_to_the_end(2, folder.path);
   for (int rank = 0; rank < 2; ++rank) {
     const std::string log = read_file(folder.path + "/rank" + std::to_string(rank) + ".log");
     EXPECT_FALSE(exited_cleanly(status[rank])) << "rank " << rank << ":\n" << log;
