@@ -25,6 +25,10 @@
 //                                   the parameters twice (forward and
 //                                   backward) plus of the gradients
 //   dp_step_sharded_vs_replicated_N median step time sharded over replicated
+//   dp_gathers_ahead_fraction_sharded_N  of the parameter gathers of the
+//                                   run (its first step's on demand
+//                                   included), those issued ahead of their
+//                                   use by the plan (the least rank's)
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -32,6 +36,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -98,6 +103,12 @@ double worst(const nlohmann::json& figures, const auto& figure) {
   return value;
 }
 
+double least(const nlohmann::json& figures, const auto& figure) {
+  double value = std::numeric_limits<double>::infinity();
+  for (const nlohmann::json& rank : figures.at("per_rank")) value = std::min(value, figure(rank));
+  return value;
+}
+
 Options g_options;
 
 // One iteration: the four runs; their figures become metric lines.
@@ -157,6 +168,14 @@ void BM_DataParallel(benchmark::State& state) {
                       "ratio");
         report_metric(fmt::format("dp_step_sharded_vs_replicated_{}", ranks),
                       worst(sharded, step_ms) / worst(figures, step_ms), "ratio");
+        report_metric(fmt::format("dp_gathers_ahead_fraction_sharded_{}", ranks),
+                      least(sharded,
+                            [](const nlohmann::json& r) {
+                              return r.at("parameter_gathers_ahead_per_step").get<double>() /
+                                     std::max(r.at("parameter_gathers_per_step").get<double>(),
+                                              1.0);
+                            }),
+                      "ratio");
       }
     } catch (const std::exception& e) {
       state.SkipWithError(e.what());

@@ -192,7 +192,8 @@ DataParallelTraffic data_parallel_traffic() {
   using torch_bridge::collectives;
   return {bytes_sent.load(std::memory_order_relaxed),
           bytes_received.load(std::memory_order_relaxed),
-          collectives.load(std::memory_order_relaxed), torch_bridge::parameter_gathers()};
+          collectives.load(std::memory_order_relaxed), torch_bridge::parameter_gathers(),
+          torch_bridge::parameter_gathers_ahead()};
 }
 
 }  // namespace spillway

@@ -131,6 +131,31 @@ void write_bytes(const ManagedParam& managed, const at::Tensor& values) {
       values.clone().view(managed.param.scalar_type()).view(managed.param.sizes()));
 }
 
+// Calls `use` with a tensor of its own over the parameter's bytes in its
+// chunk, acquired in `mode`: no op on the parameter, so neither its hooks
+// nor its version counter see it. `doing` says what fails in an error.
+template <typename Use>
+void in_chunk(ChunkManager& chunks, const ManagedParam& managed, AccessMode mode,
+              std::string_view doing, Use use) {
+  const at::Tensor& param = managed.param;
+  const OpStream on = op_stream(param.device());
+  void* address = nullptr;
+  if (chunks.acquire(managed.param_id, on.stream, &address, mode, on.wait, OverBudget::overrun) !=
+      Status::ok)
+    throw std::runtime_error(
+        fmt::format("spillway data parallel: {} '{}' of model '{}' failed: {}", doing,
+                    chunks.tensor_info(managed.param_id).value_or(TensorInfo{}).name,
+                    client_name(managed.client), ChunkManager::last_error()));
+  try {
+    use(at::from_blob(address, param.sizes(), param.strides(),
+                      at::TensorOptions(param.scalar_type()).device(param.device())));
+  } catch (...) {
+    chunks.release(managed.param_id, on.stream);
+    throw;
+  }
+  chunks.release(managed.param_id, on.stream);
+}
+
 // Writes `values` (bytes in logical order) into the parameter's chunk
 // without an op on the parameter. An op would bump its version counter,
 // and autograd refuses a backward through a tensor written since forward
@@ -138,25 +163,21 @@ void write_bytes(const ManagedParam& managed, const at::Tensor& values) {
 // gathered for their use], sharded_params.cc) or a step's gathering
 // between a forward and its backward.
 void write_gathered(ChunkManager& chunks, const ManagedParam& managed, const at::Tensor& values) {
-  const at::Tensor& param = managed.param;
-  const OpStream on = op_stream(param.device());
-  void* address = nullptr;
-  if (chunks.acquire(managed.param_id, on.stream, &address, AccessMode::read_write, on.wait,
-                     OverBudget::overrun) != Status::ok)
-    throw std::runtime_error(fmt::format(
-        "spillway data parallel: writing the gathered values of '{}' of model '{}' failed: {}",
-        chunks.tensor_info(managed.param_id).value_or(TensorInfo{}).name,
-        client_name(managed.client), ChunkManager::last_error()));
-  try {
-    // A tensor of its own over the chunk's bytes: no op hook, no version.
-    at::from_blob(address, param.sizes(), param.strides(),
-                  at::TensorOptions(param.scalar_type()).device(param.device()))
-        .copy_(values.clone().view(param.scalar_type()).view(param.sizes()));
-  } catch (...) {
-    chunks.release(managed.param_id, on.stream);
-    throw;
-  }
-  chunks.release(managed.param_id, on.stream);
+  in_chunk(chunks, managed, AccessMode::read_write, "writing the gathered values of",
+           [&](const at::Tensor& in) {
+             in.copy_(values.clone().view(managed.param.scalar_type()).view(managed.param.sizes()));
+           });
+}
+
+// The parameter's bytes in logical order, read from its chunk without an op
+// on it: a gather issued ahead of its use reads the owner's bytes while the
+// group still reads as dropped, where an op would gather it.
+at::Tensor read_in_chunk(ChunkManager& chunks, const ManagedParam& managed) {
+  at::Tensor values;
+  in_chunk(
+      chunks, managed, AccessMode::read, "reading the values to send of",
+      [&](const at::Tensor& in) { values = in.contiguous().view({-1}).view(at::kByte).clone(); });
+  return values;
 }
 
 // The member's parameters that `moved` selects, in layout order: what the
@@ -172,8 +193,36 @@ std::vector<ManagedParam*> selected(const std::vector<std::shared_ptr<ManagedPar
 
 }  // namespace
 
-void gather_chunk_group(c10d::ProcessGroup& group, const ChunkGroup& chunk_group,
-                        bool (*moved)(const ManagedParam&)) {
+GroupGather::GroupGather(PendingCollective collective, at::Tensor all, std::int64_t widest,
+                         std::vector<std::vector<ManagedParam*>> members)
+    : collective_(std::move(collective)),
+      all_(std::move(all)),
+      widest_(widest),
+      members_(std::move(members)) {}
+
+void GroupGather::finish(int rank) {
+  if (!collective_.has_value()) return;
+  collective_->wait();
+  collective_.reset();
+  ChunkManager& chunks = active_chunk_manager();
+  for (std::size_t owner = 0; owner < members_.size(); ++owner) {
+    if (static_cast<int>(owner) == rank) continue;
+    std::int64_t offset = widest_ * static_cast<std::int64_t>(owner);
+    for (const ManagedParam* managed : members_[owner]) {
+      write_gathered(chunks, *managed, all_.narrow(0, offset, bytes(*managed)));
+      offset += bytes(*managed);
+    }
+  }
+}
+
+void GroupGather::abandon() {
+  if (!collective_.has_value()) return;
+  collective_->wait();
+  collective_.reset();
+}
+
+GroupGather start_group_gather(c10d::ProcessGroup& group, const ChunkGroup& chunk_group,
+                               bool (*moved)(const ManagedParam&)) {
   const int world = group.getSize();
   const int rank = group.getRank();
   std::vector<std::vector<ManagedParam*>> members;
@@ -184,28 +233,27 @@ void gather_chunk_group(c10d::ProcessGroup& group, const ChunkGroup& chunk_group
     for (const ManagedParam* managed : member) member_bytes += bytes(*managed);
     widest = std::max(widest, member_bytes);
   }
-  if (widest == 0) return;
+  if (widest == 0) return {};
   at::NoGradGuard no_grad;
   // Note [The device collectives take]
   const at::TensorOptions staging = at::TensorOptions(at::kByte).device(collective_device(group));
   at::Tensor mine = at::zeros({widest}, staging);
+  ChunkManager& chunks = active_chunk_manager();
   std::int64_t offset = 0;
   for (const ManagedParam* managed : members[static_cast<std::size_t>(rank)]) {
-    mine.narrow(0, offset, bytes(*managed)).copy_(bytes_of(*managed));
+    mine.narrow(0, offset, bytes(*managed)).copy_(read_in_chunk(chunks, *managed));
     offset += bytes(*managed);
   }
   at::Tensor all = at::empty({widest * world}, staging);
-  run_collective(group, "gathering parameters", all_gather_payload(widest, world),
-                 [&] { return group._allgather_base(all, mine); });
-  ChunkManager& chunks = active_chunk_manager();
-  for (int owner = 0; owner < world; ++owner) {
-    if (owner == rank) continue;
-    offset = widest * owner;
-    for (const ManagedParam* managed : members[static_cast<std::size_t>(owner)]) {
-      write_gathered(chunks, *managed, all.narrow(0, offset, bytes(*managed)));
-      offset += bytes(*managed);
-    }
-  }
+  PendingCollective collective =
+      start_collective(group, "gathering parameters", all_gather_payload(widest, world),
+                       [&] { return group._allgather_base(all, mine); });
+  return {std::move(collective), std::move(all), widest, std::move(members)};
+}
+
+void gather_chunk_group(c10d::ProcessGroup& group, const ChunkGroup& chunk_group,
+                        bool (*moved)(const ManagedParam&)) {
+  start_group_gather(group, chunk_group, moved).finish(group.getRank());
 }
 
 // Note [What no optimizer steps comes from rank 0]
@@ -687,7 +735,10 @@ void gather_from_owners(ChunkManager& chunks, std::optional<ClientId> only) {
   // Note [Parameters gathered for their use] (sharded_params.cc): with
   // sharded parameters, what this rank does not own is dropped instead.
   const bool sharded = parameters_sharded(*group);
-  if (sharded) gather_frozen_since_dropped(*group);
+  if (sharded) {
+    end_interval(*group);
+    gather_frozen_since_dropped(*group);
+  }
   for (const RankLayout& layout : layouts) {
     if (!sharded)
       for (const ChunkGroup& chunk_group : layout.groups)

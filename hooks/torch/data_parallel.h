@@ -91,9 +91,35 @@ struct CollectivesTurn {
 };
 CollectivesTurn take_collectives_turn();
 
-// One all-gather of the owners' bytes of `chunk_group`'s parameters that
-// `moved` selects: every rank writes in those it does not own. With the
-// turn held.
+// A chunk group's gathering under way: this rank's bytes of the
+// parameters it owns sent, the others' in flight. Default-made: nothing to
+// gather.
+class GroupGather {
+ public:
+  GroupGather() = default;
+  GroupGather(PendingCollective collective, at::Tensor all, std::int64_t widest,
+              std::vector<std::vector<ManagedParam*>> members);
+  // Waits for the bytes and writes in those of the parameters this rank
+  // does not own (no op on them: their version counters stay).
+  void finish(int rank);
+  // Waits for the bytes and writes nothing: a gather no use needed.
+  void abandon();
+
+ private:
+  std::optional<PendingCollective> collective_;
+  at::Tensor all_;
+  std::int64_t widest_ = 0;
+  std::vector<std::vector<ManagedParam*>> members_;
+};
+
+// Starts one all-gather of the owners' bytes of `chunk_group`'s parameters
+// that `moved` selects, reading this rank's from its chunks without an op.
+// With the turn held.
+GroupGather start_group_gather(c10d::ProcessGroup& group, const ChunkGroup& chunk_group,
+                               bool (*moved)(const ManagedParam&));
+
+// start_group_gather, then finish: every rank writes in the parameters it
+// does not own. With the turn held.
 void gather_chunk_group(c10d::ProcessGroup& group, const ChunkGroup& chunk_group,
                         bool (*moved)(const ManagedParam&));
 

@@ -64,15 +64,31 @@ constexpr std::string_view kComparingLayouts = "comparing the ranks' layouts";
 
 }  // namespace
 
-at::Tensor all_gather_rows(c10d::ProcessGroup& group, const at::Tensor& row,
-                           std::string_view what) {
+RowsInFlight::RowsInFlight(PendingCollective collective, std::vector<at::Tensor> rows)
+    : collective_(std::move(collective)), rows_(std::move(rows)) {}
+
+at::Tensor RowsInFlight::wait() {
+  collective_.wait();
+  return at::stack(rows_).cpu();
+}
+
+RowsInFlight start_all_gather_rows(c10d::ProcessGroup& group, const at::Tensor& row,
+                                   std::string_view what) {
   // Note [The device collectives take]
   std::vector<at::Tensor> input{row.contiguous().to(collective_device(group))};
+  // The output lists stay alive in the work; the rows are what they hold.
   std::vector<std::vector<at::Tensor>> output(1);
   for (int rank = 0; rank < group.getSize(); ++rank) output[0].push_back(at::empty_like(input[0]));
-  run_collective(group, what, all_gather_payload(input[0].nbytes(), group.getSize()),
-                 [&] { return group.allgather(output, input); });
-  return at::stack(output[0]).cpu();
+  std::vector<at::Tensor> rows = output[0];
+  PendingCollective collective =
+      start_collective(group, what, all_gather_payload(input[0].nbytes(), group.getSize()),
+                       [&] { return group.allgather(output, input); });
+  return {std::move(collective), std::move(rows)};
+}
+
+at::Tensor all_gather_rows(c10d::ProcessGroup& group, const at::Tensor& row,
+                           std::string_view what) {
+  return start_all_gather_rows(group, row, what).wait();
 }
 
 std::vector<RankLayout> rank_layouts(ChunkManager& chunks, int world_size,

@@ -12,6 +12,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "hooks/torch/bridge.h"
+#include "hooks/torch/collective_wait.h"
 
 namespace spillway::torch_bridge {
 
@@ -48,6 +49,20 @@ std::vector<RankLayout> rank_layouts(ChunkManager& chunks, int world_size,
 // All ranks' rows of `row` (int64), world_size x row.numel(), on the CPU (a
 // collective; `what` names it in an error).
 at::Tensor all_gather_rows(c10d::ProcessGroup& group, const at::Tensor& row, std::string_view what);
+
+// all_gather_rows issued and not yet waited for.
+class RowsInFlight {
+ public:
+  RowsInFlight(PendingCollective collective, std::vector<at::Tensor> rows);
+  // Waits for them: world_size x row.numel(), on the CPU.
+  at::Tensor wait();
+
+ private:
+  PendingCollective collective_;
+  std::vector<at::Tensor> rows_;
+};
+RowsInFlight start_all_gather_rows(c10d::ProcessGroup& group, const at::Tensor& row,
+                                   std::string_view what);
 
 // Compares the layouts across the group's ranks (a collective: every rank
 // calls it with its own). Throws std::runtime_error naming the first

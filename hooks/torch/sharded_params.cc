@@ -35,8 +35,37 @@
 //    op hooks, like any write. A group is marked gathered before its bytes
 //    are written (the writes are ops on its parameters) and dropped again
 //    if the gather fails, so no op computes on bytes that did not arrive.
-//  - An op waits for its gather: issuing gathers ahead of use, from the
-//    traced step, is not built (docs/data-parallel.md).
+//  - Gathers and drops follow a plan from a recorded step where one
+//    applies (Note [Gathers issued ahead of their use]); the window above
+//    serves the steps without one.
+//
+// Note [Gathers issued ahead of their use]
+// Between two step boundaries each rank records its uses of sharded chunk
+// groups; at the boundary the ranks compare fingerprints of them (every
+// rank must have used the same parameters in the same order: a difference
+// is an error naming the rank) and the recording becomes the plan of the
+// steps that begin with the same use (Note [A plan of gathers from the
+// recorded step] in gather_plan.cc). rank 0's plan is every rank's: the
+// fingerprints show the recordings are the same, so nothing more is sent.
+// A step that begins with a planned use follows the plan:
+//  - At each planned use the groups it needs are made present (a gather
+//    issued ahead is waited for, checked and written; one not issued is
+//    gathered there), then the plan's drops of other groups beyond the
+//    window are made; its drops of the groups the use needs wait for the
+//    next planned use. A group an op on this thread holds is never dropped.
+//  - Then the plan's next kGathersAhead gathers are issued, in the plan's
+//    order, each once its group is absent and only of the models the use
+//    uses (a model whose parameters went since the recording, which a rank
+//    may notice sooner than another, is never gathered ahead); the bytes
+//    stay in the staging buffer until their use, so a gathered chunk never
+//    waits in the budget. Every rank issues them at the same use, so the
+//    collectives match.
+//  - A use the plan does not have next (an eval forward, a different
+//    accumulation count) departs from the plan: the gathers in flight are
+//    finished, and the step goes on with the window's gathers on demand.
+//    Every rank departs at the same use. The recording of a step that
+//    departed, or had no plan, replaces its plan at the boundary.
+// At the boundary, gathers never used are waited for and discarded.
 //
 // Note [Uses only the owner makes]
 // The optimizers' step touches the parameters this rank owns, and every
@@ -75,6 +104,7 @@
 
 #include "hooks/torch/client_names.h"
 #include "hooks/torch/data_parallel.h"
+#include "hooks/torch/gather_plan.h"
 #include "hooks/torch/rank_layout.h"
 #include "hooks/torch/spillway_torch.h"
 
@@ -82,16 +112,42 @@ namespace spillway::torch_bridge {
 
 namespace {
 
+// A gather issued ahead of its use: the header exchange and the bytes.
+struct GatherAhead {
+  RowsInFlight header;
+  GroupGather bytes;
+};
+
 struct ShardedModel {
   std::int64_t position = 0;  // among every model's layouts: the same on every rank
   std::string name;
   std::vector<ChunkGroup> groups;
-  std::vector<bool> gathered;  // per group: counts towards kGatheredGroupsPerModel
+  std::vector<bool> gathered;                // per group: counts towards kGatheredGroupsPerModel
+  std::map<std::size_t, GatherAhead> ahead;  // by group: issued, not yet written
 };
+
+// What the step since the last boundary does with the plans (Note
+// [Gathers issued ahead of their use]).
+enum class Following { not_yet, plan, on_demand };
+struct Interval {
+  std::vector<GroupUse> recorded;
+  bool overflowed = false;  // more than kMostRecordedUses
+  Following following = Following::not_yet;
+  const GatherPlan* plan = nullptr;
+  std::size_t reached = 0;  // the plan's uses reached
+  std::size_t issued = 0;   // the plan's gathers issued or done
+};
+
+// Uses recorded between two boundaries at most; a longer step gets no plan.
+constexpr std::size_t kMostRecordedUses = std::size_t{1} << 18;
+// Plans kept, by first use: a training step, an actor's and a critic's.
+constexpr std::size_t kMostPlans = 8;
 
 // Guarded by the collectives' turn.
 struct ShardedState {
   std::map<ClientId, ShardedModel> models;
+  std::map<GroupUse, GatherPlan> plans;  // by their first use
+  Interval interval;
 };
 
 ShardedState& sharded_state() {
@@ -102,6 +158,7 @@ ShardedState& sharded_state() {
 // Orders the uses of parameters: the op hook stamps each op's.
 std::atomic<std::uint64_t> use_clock{0};
 std::atomic<std::int64_t> gathers{0};
+std::atomic<std::int64_t> gathers_ahead{0};
 
 // Whether the last drop_gathered sharded the parameter: one its owner
 // stepped then. Not stepped_by_owner, which a parameter frozen since then
@@ -170,12 +227,16 @@ void use_owned_in_place(std::span<ManagedParam* const> params) {
 
 // The header exchange before a gather (Note [Parameters gathered for their
 // use]).
+constexpr std::string_view kComparingGroups = "comparing the groups the ranks gather";
+
+at::Tensor header_of(const ShardedModel& model, std::size_t index) {
+  return at::tensor({model.position, static_cast<std::int64_t>(index)}, at::kLong);
+}
+
+// `all`: every rank's header.
 void check_every_rank_gathers(c10d::ProcessGroup& group, const ShardedModel& model,
-                              std::size_t index) {
+                              std::size_t index, const at::Tensor& all) {
   const auto group_index = static_cast<std::int64_t>(index);
-  const at::Tensor all =
-      all_gather_rows(group, at::tensor({model.position, group_index}, at::kLong),
-                      "comparing the groups the ranks gather");
   for (int rank = 0; rank < group.getSize(); ++rank) {
     const std::int64_t position = all[rank][0].item<std::int64_t>();
     const std::int64_t other = all[rank][1].item<std::int64_t>();
@@ -204,21 +265,48 @@ void check_every_rank_gathers(c10d::ProcessGroup& group, const ShardedModel& mod
   }
 }
 
-void gather(c10d::ProcessGroup& group, ShardedModel& model, std::size_t index) {
+// Marks the group present and writes its bytes with `write`; dropped again
+// if that fails, so no op computes on bytes that did not arrive.
+template <typename Write>
+void make_gathered(ShardedModel& model, std::size_t index, Write write) {
   const ChunkGroup& chunk_group = model.groups[index];
-  check_every_rank_gathers(group, model, index);
-  // Present before the bytes arrive: writing them takes ops on these very
-  // parameters, whose hooks must not gather again.
   mark_dropped(chunk_group, false);
   model.gathered[index] = true;
   gathers.fetch_add(1, std::memory_order_relaxed);
   try {
-    gather_chunk_group(group, chunk_group, sharded);
+    write();
   } catch (...) {
     mark_dropped(chunk_group, true);
     model.gathered[index] = false;
     throw;
   }
+}
+
+void gather(c10d::ProcessGroup& group, ShardedModel& model, std::size_t index) {
+  check_every_rank_gathers(group, model, index,
+                           all_gather_rows(group, header_of(model, index), kComparingGroups));
+  make_gathered(model, index, [&] { gather_chunk_group(group, model.groups[index], sharded); });
+}
+
+void start_gather_ahead(c10d::ProcessGroup& group, ShardedModel& model, std::size_t index) {
+  RowsInFlight header = start_all_gather_rows(group, header_of(model, index), kComparingGroups);
+  GroupGather bytes = start_group_gather(group, model.groups[index], sharded);
+  model.ahead.emplace(index, GatherAhead{std::move(header), std::move(bytes)});
+  gathers_ahead.fetch_add(1, std::memory_order_relaxed);
+}
+
+void finish_gather_ahead(c10d::ProcessGroup& group, ShardedModel& model, std::size_t index) {
+  auto started = model.ahead.extract(index);
+  check_every_rank_gathers(group, model, index, started.mapped().header.wait());
+  make_gathered(model, index, [&] { started.mapped().bytes.finish(group.getRank()); });
+}
+
+// Finishes a gather issued ahead, or gathers; nothing when present.
+void make_present(c10d::ProcessGroup& group, ShardedModel& model, std::size_t index) {
+  if (model.ahead.contains(index))
+    finish_gather_ahead(group, model, index);
+  else if (!model.gathered[index])
+    gather(group, model, index);
 }
 
 void drop(ChunkManager& chunks, ShardedModel& model, std::size_t index, int rank) {
@@ -276,6 +364,141 @@ void keep_window(ChunkManager& chunks, ShardedModel& model, const std::set<std::
   }
 }
 
+// Counts the data parallel operation once, before its first collective
+// (Note [A failed collective names the missing ranks]).
+struct Operation {
+  c10d::ProcessGroup& group;
+  bool begun = false;
+  void begin() {
+    if (!begun) begin_operation(group);
+    begun = true;
+  }
+};
+
+ShardedModel& model_at_position(ShardedState& state, std::int64_t position) {
+  for (auto& [client, model] : state.models)
+    if (model.position == position) return model;
+  throw std::logic_error(fmt::format(
+      "spillway data parallel (dist_params:sharded): no model at position {}", position));
+}
+
+// The op's sharded groups.
+GroupUse groups_of(const ShardedState& state, std::span<ManagedParam* const> params) {
+  GroupUse use;
+  for (const ManagedParam* managed : params) {
+    const std::int32_t index = managed->shard_group.load(std::memory_order_acquire);
+    if (index < 0) continue;
+    const auto found = state.models.find(managed->client);
+    if (found == state.models.end())
+      throw std::logic_error(
+          "spillway data parallel (dist_params:sharded): a sharded parameter's model is unknown");
+    use.push_back(GroupKey{found->second.position, index});
+  }
+  std::ranges::sort(use);
+  use.erase(std::unique(use.begin(), use.end()), use.end());
+  return use;
+}
+
+void record(Interval& interval, const GroupUse& use) {
+  if (!interval.recorded.empty() && interval.recorded.back() == use) return;
+  if (interval.recorded.size() >= kMostRecordedUses) {
+    interval.overflowed = true;
+    return;
+  }
+  interval.recorded.push_back(use);
+}
+
+// The plan's use `at`: the previous use's drops, this one's groups made
+// present, and the next gathers issued ahead.
+void reach(Operation& operation, ShardedState& state, std::size_t at) {
+  Interval& interval = state.interval;
+  const GatherPlan& plan = *interval.plan;
+  ChunkManager& chunks = active_chunk_manager();
+  const int rank = operation.group.getRank();
+  // A planned use's drops of groups it uses wait for the next use; the
+  // window's drops of others come before its op, as the plan counts them.
+  const auto drop_planned = [&](const PlannedUse& planned, bool of_its_own) {
+    for (const GroupKey& key : planned.drops) {
+      if (std::ranges::binary_search(planned.groups, key) != of_its_own) continue;
+      ShardedModel& model = model_at_position(state, key.model);
+      const auto index = static_cast<std::size_t>(key.group);
+      if (model.gathered[index] && !held(chunks, model.groups[index]))
+        drop(chunks, model, index, rank);
+    }
+  };
+  if (at > 0) drop_planned(plan.uses[at - 1], /*of_its_own=*/true);
+  for (const GroupKey& key : plan.uses[at].groups) {
+    ShardedModel& model = model_at_position(state, key.model);
+    const auto index = static_cast<std::size_t>(key.group);
+    if (!model.gathered[index] && !model.ahead.contains(index)) operation.begin();
+    make_present(operation.group, model, index);
+  }
+  drop_planned(plan.uses[at], /*of_its_own=*/false);
+  interval.issued = std::max(interval.issued, plan.uses[at].gathers_through);
+  while (interval.issued < plan.gathers.size() &&
+         interval.issued < plan.uses[at].gathers_through + kGathersAhead) {
+    const GroupKey& key = plan.gathers[interval.issued];
+    // Only the models this op uses: another may be gone by the time of its
+    // use, on some ranks sooner than on others (Note [A parameter only the
+    // bridge holds goes] in dropped_params.cc), and its gather would not match.
+    if (std::ranges::none_of(plan.uses[at].groups,
+                             [&](const GroupKey& used) { return used.model == key.model; }))
+      break;
+    ShardedModel& model = model_at_position(state, key.model);
+    const auto index = static_cast<std::size_t>(key.group);
+    // Still present until a drop ahead: issued at a later use.
+    if (model.gathered[index] || model.ahead.contains(index)) break;
+    operation.begin();
+    start_gather_ahead(operation.group, model, index);
+    ++interval.issued;
+  }
+}
+
+// Note [Gathers issued ahead of their use]: whether the plan served the op
+// (false: gather on demand).
+bool follow_plan(Operation& operation, ShardedState& state, const GroupUse& use) {
+  Interval& interval = state.interval;
+  if (interval.following == Following::not_yet) {
+    const auto found = state.plans.find(use);
+    interval.following = found == state.plans.end() ? Following::on_demand : Following::plan;
+    if (found != state.plans.end()) interval.plan = &found->second;
+  }
+  if (interval.following != Following::plan) return false;
+  const GatherPlan& plan = *interval.plan;
+  if (interval.reached < plan.uses.size() && plan.uses[interval.reached].groups == use) {
+    reach(operation, state, interval.reached++);
+    return true;
+  }
+  if (interval.reached > 0 && plan.uses[interval.reached - 1].groups == use) return true;
+  // Departs: what is in flight is finished, and kept as on demand.
+  for (auto& [client, model] : state.models)
+    while (!model.ahead.empty())
+      finish_gather_ahead(operation.group, model, model.ahead.begin()->first);
+  interval.following = Following::on_demand;
+  return false;
+}
+
+// The window's gathers: each dropped group the op uses, then drops beyond
+// the window by last use.
+void gather_on_demand(Operation& operation, ShardedState& state,
+                      std::span<ManagedParam* const> params) {
+  ChunkManager& chunks = active_chunk_manager();
+  const int rank = operation.group.getRank();
+  // The op's groups, pinned against drops; in one order on every rank.
+  std::map<ClientId, std::set<std::size_t>> used;
+  for (ManagedParam* managed : params) {
+    const std::int32_t index = managed->shard_group.load(std::memory_order_acquire);
+    if (index >= 0) used[managed->client].insert(static_cast<std::size_t>(index));
+  }
+  operation.begin();
+  for (const auto& [client, indices] : used) {
+    ShardedModel& model = state.models.at(client);
+    for (const std::size_t index : indices)
+      if (!model.gathered.at(index)) gather(operation.group, model, index);
+    keep_window(chunks, model, indices, rank);
+  }
+}
+
 }  // namespace
 
 bool parameters_sharded(c10d::ProcessGroup& group) {
@@ -304,37 +527,75 @@ void gather_for_op(std::span<ManagedParam* const> params) {
     managed->last_use.store(now, std::memory_order_relaxed);
     if (managed->shard_dropped.load(std::memory_order_acquire)) dropped = managed;
   }
-  if (dropped == nullptr) return;
-  ChunkManager& chunks = active_chunk_manager();
-  if (TurnLock::held_by_this_thread())
+  // An op of a collective itself (a broadcast's copy): not a use.
+  if (TurnLock::held_by_this_thread()) {
+    if (dropped == nullptr) return;
     throw std::logic_error(fmt::format(
         "spillway data parallel (dist_params:sharded): an op inside a data parallel collective "
         "uses '{}', whose chunk group is dropped",
-        parameter_name(chunks, *dropped)));
+        parameter_name(active_chunk_manager(), *dropped)));
+  }
   CollectivesTurn turn = take_collectives_turn();
-  if (!turn.group)
+  if (!turn.group) {
+    if (dropped == nullptr) return;
     throw std::logic_error(
         "spillway data parallel (dist_params:sharded): an op uses a parameter this rank dropped, "
         "and no data parallel group is set to gather it from");
+  }
   ShardedState& state = sharded_state();
-  const int rank = turn.group->getRank();
-  // The op's groups, pinned against drops; in one order on every rank.
-  std::map<ClientId, std::set<std::size_t>> used;
-  for (ManagedParam* managed : params) {
-    const std::int32_t index = managed->shard_group.load(std::memory_order_acquire);
-    if (index >= 0) used[managed->client].insert(static_cast<std::size_t>(index));
+  Operation operation{*turn.group};
+  const GroupUse use = groups_of(state, params);
+  record(state.interval, use);
+  if (follow_plan(operation, state, use)) return;
+  if (dropped == nullptr) return;
+  gather_on_demand(operation, state, params);
+}
+
+void end_interval(c10d::ProcessGroup& group) {
+  ShardedState& state = sharded_state();
+  for (auto& [client, model] : state.models) {
+    for (auto& [index, started] : model.ahead) {
+      started.header.wait();
+      started.bytes.abandon();
+    }
+    model.ahead.clear();
   }
-  begin_operation(*turn.group);
-  for (const auto& [client, indices] : used) {
-    const auto found = state.models.find(client);
-    if (found == state.models.end())
-      throw std::logic_error(
-          "spillway data parallel (dist_params:sharded): a dropped parameter's model is unknown");
-    ShardedModel& model = found->second;
-    for (const std::size_t index : indices)
-      if (!model.gathered.at(index)) gather(*turn.group, model, index);
-    keep_window(chunks, model, indices, rank);
+  Interval& interval = state.interval;
+  if (!state.models.empty()) {
+    const bool followed =
+        interval.following == Following::plan && interval.reached == interval.plan->uses.size();
+    const std::uint64_t print = fingerprint(interval.recorded);
+    const at::Tensor all = all_gather_rows(
+        group,
+        at::tensor(
+            {static_cast<std::int64_t>(print), static_cast<std::int64_t>(interval.recorded.size()),
+             static_cast<std::int64_t>(followed), static_cast<std::int64_t>(interval.overflowed)},
+            at::kLong),
+        "comparing the ranks' uses of parameters");
+    bool adopt = false;
+    bool overflowed = false;
+    for (int rank = 0; rank < group.getSize(); ++rank) {
+      if (all[rank][0].item<std::int64_t>() != all[0][0].item<std::int64_t>() ||
+          all[rank][1].item<std::int64_t>() != all[0][1].item<std::int64_t>())
+        throw std::runtime_error(fmt::format(
+            "spillway data parallel (dist_params:sharded): since the last step boundary rank {} "
+            "used sharded parameters differently from rank 0 ({} uses of chunk groups against "
+            "{}, and not the same ones). With sharded parameters every rank must use the same "
+            "parameters in the same order, as FSDP asks of its modules: an op on a parameter on "
+            "one rank alone (a log of a weight's norm on rank 0, say) breaks that. Train such a "
+            "model with dist_params:replicated",
+            rank, all[rank][1].item<std::int64_t>(), all[0][1].item<std::int64_t>()));
+      adopt = adopt || all[rank][2].item<std::int64_t>() == 0;
+      overflowed = overflowed || all[rank][3].item<std::int64_t>() != 0;
+    }
+    if (adopt && !overflowed && !interval.recorded.empty()) {
+      const GroupUse& first = interval.recorded.front();
+      if (state.plans.size() >= kMostPlans && !state.plans.contains(first))
+        state.plans.erase(state.plans.begin());
+      state.plans[first] = plan_gathers(interval.recorded, kGatheredGroupsPerModel);
+    }
   }
+  interval = Interval{};
 }
 
 void gather_frozen_since_dropped(c10d::ProcessGroup& group) {
@@ -354,10 +615,17 @@ void drop_gathered(ChunkManager& chunks, c10d::ProcessGroup& group, std::optiona
   const std::vector<RankLayout> layouts = rank_layouts(chunks, group.getSize());
   ShardedState& state = sharded_state();
   std::set<ClientId> present;
+  bool moved = false;  // a model came, went or changed position: the plans name others
   for (std::size_t position = 0; position < layouts.size(); ++position) {
     const RankLayout& layout = layouts[position];
     present.insert(layout.client);
-    if (only.has_value() && layout.client != *only) continue;
+    const auto known = state.models.find(layout.client);
+    moved = moved || known == state.models.end() ||
+            known->second.position != static_cast<std::int64_t>(position);
+    if (only.has_value() && layout.client != *only) {
+      if (known != state.models.end()) known->second.position = static_cast<std::int64_t>(position);
+      continue;
+    }
     ShardedModel& model = state.models[layout.client];
     model = ShardedModel{static_cast<std::int64_t>(position), layout.client_name, layout.groups,
                          std::vector<bool>(layout.groups.size(), false)};
@@ -375,10 +643,13 @@ void drop_gathered(ChunkManager& chunks, c10d::ProcessGroup& group, std::optiona
     for (std::size_t index = 0; index < model.groups.size(); ++index)
       drop(chunks, model, index, rank);
   }
+  moved = moved || state.models.size() != present.size();
   std::erase_if(state.models, [&](const auto& entry) { return !present.contains(entry.first); });
+  if (moved) state.plans.clear();
 }
 
 std::int64_t parameter_gathers() { return gathers.load(std::memory_order_relaxed); }
+std::int64_t parameter_gathers_ahead() { return gathers_ahead.load(std::memory_order_relaxed); }
 
 OwnerUses::OwnerUses() { owner_uses.fetch_add(1, std::memory_order_acq_rel); }
 OwnerUses::~OwnerUses() { owner_uses.fetch_sub(1, std::memory_order_acq_rel); }
@@ -392,13 +663,15 @@ void gather_everything_dropped() {
   begin_operation(*turn.group);
   for (auto& [client, model] : state.models) {
     for (std::size_t index = 0; index < model.groups.size(); ++index)
-      if (!model.gathered[index]) gather(*turn.group, model, index);
+      make_present(*turn.group, model, index);
     for (const ChunkGroup& chunk_group : model.groups)
       for_each_sharded(chunk_group, kEveryMember, [](ManagedParam& managed) {
         managed.shard_group.store(-1, std::memory_order_release);
       });
   }
   state.models.clear();
+  state.plans.clear();
+  state.interval = Interval{};
 }
 
 }  // namespace spillway::torch_bridge

@@ -21,6 +21,11 @@ namespace spillway::torch_bridge {
 // ZeRO-3's least traffic a step; with four, 1.0 (0.999), and 1.075 at N = 2.
 inline constexpr std::size_t kGatheredGroupsPerModel = 4;
 
+// Gathers a step that follows a plan issues ahead of their use, beyond the
+// window (Note [Gathers issued ahead of their use]): their bytes wait in
+// staging buffers, not in chunks, until the use.
+inline constexpr std::size_t kGathersAhead = 2;
+
 // Whether this process shards parameters over `group`: dist_params:sharded
 // and more than one rank.
 bool parameters_sharded(c10d::ProcessGroup& group);
@@ -31,6 +36,14 @@ bool parameters_sharded(c10d::ProcessGroup& group);
 // longest ago beyond the window. Throws std::runtime_error when a gather
 // fails or the ranks gather different groups.
 void gather_for_op(std::span<ManagedParam* const> params);
+
+// With the turn held, at a step boundary before anything else is gathered
+// (a collective): waits for the gathers issued ahead and never used,
+// compares the ranks' uses since the last boundary, and makes the plan of
+// the steps that start as this one did (Note [Gathers issued ahead of
+// their use]). Throws std::runtime_error, naming the rank, when a rank's
+// uses differ from rank 0's.
+void end_interval(c10d::ProcessGroup& group);
 
 // With the turn held, before the step's broadcast of what no optimizer
 // steps (Note [What no optimizer steps comes from rank 0]): gathers each
@@ -60,6 +73,8 @@ void close_owner_step();
 
 // Groups gathered so far by gather_for_op and gather_everything_dropped.
 std::int64_t parameter_gathers();
+// Of those, the ones issued ahead of their use.
+std::int64_t parameter_gathers_ahead();
 
 // Gathers every group this rank dropped, through the group it was dropped
 // in (a collective), and keeps them: before that group is replaced.

@@ -164,6 +164,9 @@ struct DataParallelTraffic {
   // Chunk groups gathered for the ops that use them (dist_params:sharded:
   // Note [Parameters gathered for their use]); each is one all-gather.
   std::int64_t parameter_gathers = 0;
+  // Of those, the ones issued ahead of their use by the plan of a recorded
+  // step (Note [A plan of gathers from the recorded step]).
+  std::int64_t parameter_gathers_ahead = 0;
 };
 DataParallelTraffic data_parallel_traffic();
 // The capacity of the managed models' parameter chunks, and of those that

@@ -177,6 +177,7 @@ void bind_runtime(py::module_& module) {
     figures["bytes_received"] = traffic.bytes_received;
     figures["collectives"] = traffic.collectives;
     figures["parameter_gathers"] = traffic.parameter_gathers;
+    figures["parameter_gathers_ahead"] = traffic.parameter_gathers_ahead;
     return figures;
   });
   // Note [Per-parameter figures summed over owners]: for the clipping and

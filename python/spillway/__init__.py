@@ -202,9 +202,10 @@ def memory_stats():
 
 def data_parallel_traffic():
     """What this process's data parallel collectives moved since it started:
-    {"bytes_sent", "bytes_received", "collectives", "parameter_gathers"},
-    payload bytes by each collective's meaning, and the chunk groups gathered
-    for the ops that use them under dist_params:sharded
+    {"bytes_sent", "bytes_received", "collectives", "parameter_gathers",
+    "parameter_gathers_ahead"}, payload bytes by each collective's meaning,
+    the chunk groups gathered for the ops that use them under
+    dist_params:sharded, and of those the ones issued ahead of their use
     (docs/data-parallel.md); zeros without a group."""
     return _C.data_parallel_traffic()
 

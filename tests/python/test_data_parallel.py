@@ -96,7 +96,8 @@ def test_ranks_match_plain_torch_bit_for_bit(tmp_path, world, kind):
     # gathering move at least (N-1)/N of the gradients and of the parameters.
     traffic = [result["traffic"] for result in results]
     assert sum(t["bytes_sent"] for t in traffic) == sum(t["bytes_received"] for t in traffic)
-    assert all(t["parameter_gathers"] == 0 for t in traffic), "replicated: nothing to gather"
+    assert all(t["parameter_gathers"] == 0 and t["parameter_gathers_ahead"] == 0 for t in traffic), \
+        "replicated: nothing to gather"
     if not ranked.scaled(kind):  # a skipped step gathers nothing
         model_bytes = sum(p.numel() * p.element_size()
                           for p in ranked.make_model(kind).parameters())
@@ -133,7 +134,13 @@ def test_sharded_parameters_match_plain_torch_bit_for_bit(tmp_path, world, kind)
     results = run_ranks(world, tmp_path / "ranks", kind, conf=",dist_params:sharded")
     expected_params, expected_states, expected_norms = oracle(world, kind)
     for rank, result in enumerate(results):  # at least one gather a step
-        assert result["traffic"]["parameter_gathers"] >= ranked.STEPS, rank
+        traffic = result["traffic"]
+        assert traffic["parameter_gathers"] >= ranked.STEPS, rank
+        # Steps after the first that gather more than one group follow the
+        # first's plan, issuing gathers ahead of their use (Note [Gathers
+        # issued ahead of their use]).
+        if traffic["parameter_gathers"] >= 2 * ranked.STEPS:
+            assert traffic["parameter_gathers_ahead"] > 0, (rank, traffic)
     if kind == "amp_eval":  # each rank's eval of its own batch, as replicated
         replicated = run_ranks(world, tmp_path / "replicated", kind)
         for rank, (mine, theirs) in enumerate(zip(results, replicated)):

@@ -312,7 +312,8 @@ struct ParamBytes {
   std::int64_t total = 0;
   std::int64_t at_step_boundary = 0;
   std::int64_t after_backward = 0;
-  std::int64_t gathers = 0;  // DataParallelTraffic::parameter_gathers
+  std::int64_t gathers = 0;        // DataParallelTraffic::parameter_gathers
+  std::int64_t gathers_ahead = 0;  // DataParallelTraffic::parameter_gathers_ahead
 };
 
 std::string param_bytes_path(const std::string& folder, int rank) {
@@ -383,7 +384,8 @@ void train_rank(const RankEnvironment& env, const Scenario& scenario) {
   param_bytes.total = chunk_bytes({spillway::TensorKind::param}, /*materialized=*/false);
   std::ofstream(param_bytes_path(env.folder, env.rank))
       << param_bytes.total << ' ' << param_bytes.at_step_boundary << ' '
-      << param_bytes.after_backward << ' ' << spillway::data_parallel_traffic().parameter_gathers;
+      << param_bytes.after_backward << ' ' << spillway::data_parallel_traffic().parameter_gathers
+      << ' ' << spillway::data_parallel_traffic().parameter_gathers_ahead;
   // Before state_of, which reads (and so materializes) every state chunk.
   std::ofstream(state_bytes_path(env.folder, env.rank)) << materialized_state_bytes();
   EXPECT_GT(evictions(), 0) << "the budget should have spilled chunks: "
@@ -715,14 +717,20 @@ void expect_ranks_match_the_oracle(const Scenario& scenario) {
   for (int rank = 0; rank < scenario.world; ++rank) {
     ParamBytes& held = param_bytes[static_cast<std::size_t>(rank)];
     std::ifstream(param_bytes_path(folder.path, rank)) >> held.total >> held.at_step_boundary >>
-        held.after_backward >> held.gathers;
+        held.after_backward >> held.gathers >> held.gathers_ahead;
     ASSERT_GT(held.total, 0) << "rank " << rank;
     // Replicated, nothing is gathered for an op; sharded, every step's
-    // forward gathers at least one group.
-    if (scenario.sharded)
+    // forward gathers at least one group, and where a step gathers more
+    // than one, the steps after the first follow its plan, issuing gathers
+    // ahead of their use.
+    if (scenario.sharded) {
       EXPECT_GE(held.gathers, scenario.steps) << "rank " << rank;
-    else
+      if (held.gathers >= 2 * scenario.steps) EXPECT_GT(held.gathers_ahead, 0) << "rank " << rank;
+      EXPECT_LE(held.gathers_ahead, held.gathers) << "rank " << rank;
+    } else {
       EXPECT_EQ(held.gathers, 0) << "rank " << rank;
+      EXPECT_EQ(held.gathers_ahead, 0) << "rank " << rank;
+    }
     owned_in_all += held.at_step_boundary;
     if (!scenario.sharded) {
       EXPECT_EQ(held.at_step_boundary, held.total) << "rank " << rank;
@@ -836,6 +844,19 @@ TEST(DataParallel, GradientAccumulationOverMicroBatchesMatchesTheOracle) {
 
 // --- Sharded parameters (Note [Parameters gathered for their use]) ----------
 
+// Runs `world` ranks of the current test to the end, each expected to fail
+// (a nonzero exit), and returns their logs.
+std::vector<std::string> logs_of_failed_ranks(int world, const std::string& folder) {
+  const std::vector<int> status = run_ranks_to_the_end(world, folder);
+  std::vector<std::string> logs;
+  for (int rank = 0; rank < world; ++rank) {
+    logs.push_back(read_file(folder + "/rank" + std::to_string(rank) + ".log"));
+    EXPECT_FALSE(exited_cleanly(status[static_cast<std::size_t>(rank)])) << "rank " << rank << ":\n"
+                                                                         << logs.back();
+  }
+  return logs;
+}
+
 // Ranks that use different parameters gather different groups: each rank's
 // op fails with an error that names both groups, rather than exchanging
 // the bytes of different groups (or hanging). The op hook cannot fail the
@@ -861,10 +882,9 @@ TEST(DataParallelSharded, RanksThatUseDifferentParametersFailNamingTheGroups) {
   }
   at::set_num_threads(1);
   TemporaryFolder folder;
-  const std::vector<int> status = run_ranks_to_the_end(2, folder.path);
+  const std::vector<std::string> logs = logs_of_failed_ranks(2, folder.path);
   for (int rank = 0; rank < 2; ++rank) {
-    const std::string log = read_file(folder.path + "/rank" + std::to_string(rank) + ".log");
-    EXPECT_FALSE(exited_cleanly(status[rank])) << "rank " << rank << ":\n" << log;
+    const std::string& log = logs[static_cast<std::size_t>(rank)];
     EXPECT_THAT(log, ::testing::HasSubstr("every rank must use the same parameters in the same "
                                           "order"))
         << "rank " << rank;
@@ -873,6 +893,52 @@ TEST(DataParallelSharded, RanksThatUseDifferentParametersFailNamingTheGroups) {
     EXPECT_THAT(log, ::testing::Not(::testing::HasSubstr("sum "))) << "rank " << rank;
   }
 }
+// An op one rank alone runs on a parameter whose group is present issues
+// no collective, so nothing fails at the op; the step boundary compares the
+// ranks' uses (Note [Gathers issued ahead of their use]), and every rank
+// fails there naming the rank that differs, rather than plan from uses
+// that differ.
+TEST(DataParallelSharded, RanksWhoseUsesDifferFailAtTheStepNamingTheRank) {
+  if (auto env = rank_environment()) {
+    use_conf(/*dist_env=*/false, /*sharded=*/true);
+    torch::manual_seed(7);
+    Mlp model;
+    spillway::set_process_group(connect(*env));
+    spillway::manage(model);
+    torch::optim::SGD optimizer(model.parameters(), torch::optim::SGDOptions(0.05));
+    auto [x, y] = batch(0, env->rank, 0);
+    const torch::Tensor out = model.forward(x, /*use_extra=*/false);
+    // A parameter of a group present (no gather), other than the group of
+    // `mix`, the forward's last (a use of the same group again is the same
+    // use).
+    using spillway::torch_bridge::managed_param_bound_to;
+    const std::int32_t last = managed_param_bound_to(model.mix)->shard_group.load();
+    torch::Tensor present;
+    for (const torch::Tensor& p : model.parameters()) {
+      const auto managed = managed_param_bound_to(p);
+      const std::int32_t group = managed->shard_group.load();
+      if (group >= 0 && group != last && !managed->shard_dropped.load()) present = p;
+    }
+    ASSERT_TRUE(present.defined()) << "the window should keep a group besides mix's";
+    if (env->rank == 1) std::printf("norm %f\n", present.norm().item<double>());
+    torch::mse_loss(out, y).backward();
+    spillway::reduce_gradients();
+    optimizer.step();
+    spillway::step();
+    std::printf("stepped\n");
+    return;
+  }
+  at::set_num_threads(1);
+  TemporaryFolder folder;
+  const std::vector<std::string> logs = logs_of_failed_ranks(2, folder.path);
+  for (const std::string& log : logs) {
+    EXPECT_THAT(log, ::testing::HasSubstr("rank 1 used sharded parameters differently from rank 0"))
+        << log;
+    EXPECT_THAT(log, ::testing::Not(::testing::HasSubstr("stepped"))) << log;
+  }
+  EXPECT_THAT(logs[1], ::testing::HasSubstr("norm "));
+}
+
 // Each rank keeps its own parameter chunks and gathers the others' for each
 // op that uses them: the same values, bit for bit, and at step boundaries
 // each parameter chunk on its owner alone (expect_ranks_match_the_oracle).
@@ -905,7 +971,7 @@ struct TiedDeep : torch::nn::Module {
 // dropped is gathered again: the same values, bit for bit, as with
 // replicated parameters, whose training matches the oracle above; and so
 // are the values unmanage() hands back.
-TEST(DataParallelSharded, ManyGroupsAndATiedLayerTrainAsReplicatedHoldingTwoGroups) {
+TEST(DataParallelSharded, ManyGroupsAndATiedLayerTrainAsReplicatedWithinTheWindow) {
   constexpr int kWorld = 2;
   if (auto env = rank_environment()) {
     const bool sharded = std::getenv("SPILLWAY_DP_TEST_SHARDED") != nullptr;
@@ -920,7 +986,9 @@ TEST(DataParallelSharded, ManyGroupsAndATiedLayerTrainAsReplicatedHoldingTwoGrou
     const auto observe = [&] {
       most = std::max(most, chunk_bytes({spillway::TensorKind::param}, /*materialized=*/true));
     };
-    for (int step = 0; step < 3; ++step) {
+    std::vector<std::int64_t> gathers;  // per step, then those issued ahead in all
+    for (int step = 0; step < 4; ++step) {
+      const std::int64_t before = spillway::data_parallel_traffic().parameter_gathers;
       optimizer.zero_grad();
       const torch::Tensor x =
           batch(step, env->rank, 0).first.narrow(1, 0, 1).expand({kBatch, kHidden});
@@ -930,7 +998,9 @@ TEST(DataParallelSharded, ManyGroupsAndATiedLayerTrainAsReplicatedHoldingTwoGrou
       optimizer.step();
       spillway::step();
       at_boundary = std::max(at_boundary, chunk_bytes({spillway::TensorKind::param}, true));
+      gathers.push_back(spillway::data_parallel_traffic().parameter_gathers - before);
     }
+    gathers.push_back(spillway::data_parallel_traffic().parameter_gathers_ahead);
     const std::int64_t total = chunk_bytes({spillway::TensorKind::param}, false);
     // Unmanaged, each parameter takes its values along: gathered first
     // where this rank dropped them.
@@ -940,6 +1010,7 @@ TEST(DataParallelSharded, ManyGroupsAndATiedLayerTrainAsReplicatedHoldingTwoGrou
       EXPECT_FALSE(spillway::is_managed(p));
       result.params.push_back(p.detach().clone());
     }
+    result.params.push_back(torch::tensor(gathers));
     result.params.push_back(torch::tensor({most, at_boundary, total}));
     result.states.resize(result.params.size());
     save_result(result, result_path(env->folder, env->rank));
@@ -954,9 +1025,21 @@ TEST(DataParallelSharded, ManyGroupsAndATiedLayerTrainAsReplicatedHoldingTwoGrou
     const RunResult expected = load_result(result_path(replicated.path, rank));
     const RunResult got = load_result(result_path(sharded.path, rank));
     ASSERT_EQ(got.params.size(), expected.params.size());
-    for (std::size_t i = 0; i + 1 < got.params.size(); ++i)
+    for (std::size_t i = 0; i + 2 < got.params.size(); ++i)
       EXPECT_TRUE(same_bits(got.params[i], expected.params[i]))
           << "rank " << rank << ", parameter #" << i;
+    // The first step gathers on demand, through the window; the others
+    // follow its plan (Note [Gathers issued ahead of their use]), which
+    // gathers no more often, issuing gathers ahead of their use.
+    const torch::Tensor gathers = got.params[got.params.size() - 2];
+    const std::int64_t steps = gathers.numel() - 1;
+    for (std::int64_t step = 1; step < steps; ++step) {
+      EXPECT_LE(gathers[step].item<std::int64_t>(), gathers[0].item<std::int64_t>())
+          << "rank " << rank << ", step " << step;
+      EXPECT_EQ(gathers[step].item<std::int64_t>(), gathers[1].item<std::int64_t>())
+          << "rank " << rank << ", step " << step << ": the same plan each step";
+    }
+    EXPECT_GE(gathers[steps].item<std::int64_t>(), steps - 1) << "rank " << rank;
     const torch::Tensor held = got.params.back();
     const std::int64_t most = held[0].item<std::int64_t>();
     const std::int64_t at_boundary = held[1].item<std::int64_t>();

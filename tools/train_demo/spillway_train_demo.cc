@@ -291,6 +291,11 @@ RunResult train(const DemoOptions& demo, bool managed, const RunResult* plain = 
     // Each way, per step: the gradients reduced to their owners and the
     // parameters gathered from them, (N-1)/N of each.
     const double minimum = double(parameter_bytes + gradient_bytes) * (demo.nproc - 1) / demo.nproc;
+    const double gathers =
+        double(traffic.parameter_gathers - traffic_at_start.parameter_gathers) / demo.steps;
+    const double gathers_ahead =
+        double(traffic.parameter_gathers_ahead - traffic_at_start.parameter_gathers_ahead) /
+        demo.steps;
     result.figures = {{"rank", std::max(demo.rank, 0)},
                       {"ranks", demo.nproc},
                       {"steps", demo.steps},
@@ -304,7 +309,9 @@ RunResult train(const DemoOptions& demo, bool managed, const RunResult* plain = 
                       {"model_optimizer_state_bytes", model_state},
                       {"bytes_sent_per_step", sent},
                       {"bytes_received_per_step", received},
-                      {"minimum_bytes_each_way_per_step", minimum}};
+                      {"minimum_bytes_each_way_per_step", minimum},
+                      {"parameter_gathers_per_step", gathers},
+                      {"parameter_gathers_ahead_per_step", gathers_ahead}};
     if (demo.rank >= 0) {
       fmt::print(
           "data parallel: rank {} of {} holds {:.1f} MiB of optimizer state, {:.3f} of the "
@@ -324,6 +331,11 @@ RunResult train(const DemoOptions& demo, bool managed, const RunResult* plain = 
           "data parallel: rank {} sent {:.2f} MiB and received {:.2f} MiB per step, {:.3f} of "
           "the minimum ({:.2f} MiB each way: (N-1)/N of the parameters and of the gradients)\n",
           demo.rank, mib(sent), mib(received), (sent + received) / (2 * minimum), mib(minimum));
+      if (gathers > 0)
+        fmt::print(
+            "data parallel: rank {} gathered {:.1f} chunk groups of parameters per step, {:.1f} "
+            "of them issued ahead of their use\n",
+            demo.rank, gathers, gathers_ahead);
     }
   }
   return result;
