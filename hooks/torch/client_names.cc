@@ -46,6 +46,11 @@ std::string client_name(ClientId client) {
   return "client " + std::to_string(static_cast<std::uint32_t>(client));
 }
 
+std::string tensor_name(const ChunkManager& chunks, TensorId tensor) {
+  const std::optional<TensorInfo> info = chunks.tensor_info(tensor);
+  return info.has_value() ? info->name : std::string("?");
+}
+
 std::string add_client_stats(const std::string& stats_json, const ChunkManager& chunks) {
   std::map<ClientId, std::string> names;
   {

@@ -18,6 +18,10 @@ void name_client(ClientId client, std::string name);
 // The name the bridge gave `client`; "client <id>" when it gave none.
 std::string client_name(ClientId client);
 
+// The name `chunks` knows `tensor` by (a parameter's "layer.weight"); "?"
+// when it knows none.
+std::string tensor_name(const ChunkManager& chunks, TensorId tensor);
+
 // `stats_json` (a JSON object) with a "clients" object added: for each named
 // client that still holds chunks, its chunk_bytes.device|host,
 // bytes_moved.h2d|d2h and evictions (the contract keys' names).

@@ -142,10 +142,9 @@ void in_chunk(ChunkManager& chunks, const ManagedParam& managed, AccessMode mode
   void* address = nullptr;
   if (chunks.acquire(managed.param_id, on.stream, &address, mode, on.wait, OverBudget::overrun) !=
       Status::ok)
-    throw std::runtime_error(
-        fmt::format("spillway data parallel: {} '{}' of model '{}' failed: {}", doing,
-                    chunks.tensor_info(managed.param_id).value_or(TensorInfo{}).name,
-                    client_name(managed.client), ChunkManager::last_error()));
+    throw std::runtime_error(fmt::format("spillway data parallel: {} '{}' of model '{}' failed: {}",
+                                         doing, tensor_name(chunks, managed.param_id),
+                                         client_name(managed.client), ChunkManager::last_error()));
   try {
     use(at::from_blob(address, param.sizes(), param.strides(),
                       at::TensorOptions(param.scalar_type()).device(param.device())));
@@ -403,15 +402,14 @@ void check_unwritten_since_packed(const PackedGradient& before) {
   if (now.unsafeGetTensorImpl() == before.grad.unsafeGetTensorImpl() &&
       (!now.defined() || now._version() == before.version))
     return;
-  const std::optional<TensorInfo> info =
-      active_chunk_manager().tensor_info(before.managed->param_id);
   throw std::runtime_error(fmt::format(
       "spillway data parallel: a backward wrote the gradient of '{}' of model '{}' while its "
       "chunk group's reduction across ranks was in flight, and the mean would overwrite what "
       "it wrote. This happens when one backward writes a gradient twice, as a parameter used "
       "both inside and outside a reentrant activation checkpoint does: checkpoint with "
       "use_reentrant=False, or keep the parameter on one side",
-      info.has_value() ? info->name : std::string("?"), client_name(before.managed->client)));
+      tensor_name(active_chunk_manager(), before.managed->param_id),
+      client_name(before.managed->client)));
 }
 
 // Fills `segment` (a byte tensor) with this rank's gradients of `layout`'s
@@ -806,7 +804,6 @@ void check_not_accumulating_onto_reduced(const ManagedParam& managed) {
   if (!grad.defined() || grad.unsafeGetTensorImpl() != reduced.get() ||
       grad._version() != managed.reduced_grad_version + 1)
     return;
-  const std::optional<TensorInfo> info = active_chunk_manager().tensor_info(managed.param_id);
   throw std::runtime_error(fmt::format(
       "spillway data parallel: a backward added to the gradient of '{}' of model '{}' after "
       "it was reduced across ranks and before it was zeroed, so the next reduction would "
@@ -816,7 +813,7 @@ void check_not_accumulating_onto_reduced(const ManagedParam& managed) {
       "unscale_) only after it, and zero the gradients after each step. A second loss "
       "through a model already stepped (an actor's loss through its critic): zero that "
       "model's gradients before its backward, or freeze the model during it",
-      info.has_value() ? info->name : std::string("?"), client_name(managed.client)));
+      tensor_name(active_chunk_manager(), managed.param_id), client_name(managed.client)));
 }
 
 void barrier(std::string_view what) {

@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 
 #include "hooks/torch/bridge.h"
+#include "hooks/torch/client_names.h"
 
 namespace spillway::torch_bridge {
 
@@ -29,10 +30,9 @@ bool same_layout(const at::TensorBase& a, const at::TensorBase& b) {
 
 std::string describe_layout_change(ChunkManager& chunks, const ManagedParam& managed,
                                    const at::TensorBase& new_data) {
-  const std::optional<TensorInfo> info = chunks.tensor_info(managed.param_id);
   const at::Tensor& bound = managed.bound_param;
   return fmt::format("managed parameter '{}' ({} {} -> {} {})",
-                     info ? info->name : std::string("?"), c10::toString(bound.scalar_type()),
+                     tensor_name(chunks, managed.param_id), c10::toString(bound.scalar_type()),
                      fmt::join(bound.sizes(), "x"), c10::toString(new_data.scalar_type()),
                      fmt::join(new_data.sizes(), "x"));
 }

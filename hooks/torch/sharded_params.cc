@@ -188,11 +188,6 @@ void mark_dropped(const ChunkGroup& chunk_group, bool dropped) {
   });
 }
 
-std::string parameter_name(ChunkManager& chunks, const ManagedParam& managed) {
-  const std::optional<TensorInfo> info = chunks.tensor_info(managed.param_id);
-  return info.has_value() ? info->name : std::string("?");
-}
-
 std::string model_at(const ShardedState& state, std::int64_t position) {
   for (const auto& [client, model] : state.models)
     if (model.position == position) return fmt::format("model '{}'", model.name);
@@ -221,7 +216,7 @@ void use_owned_in_place(std::span<ManagedParam* const> params) {
         "rank dropped, while only the owners' uses run (an optimizer's step, from "
         "reduce_gradients() to spillway::step(), or a checkpoint's save): its bytes are on its "
         "owner alone until an op after spillway::step() gathers them",
-        parameter_name(chunks, *managed), client_name(managed->client)));
+        tensor_name(chunks, managed->param_id), client_name(managed->client)));
   }
 }
 
@@ -317,7 +312,7 @@ void drop(ChunkManager& chunks, ShardedModel& model, std::size_t index, int rank
       throw std::runtime_error(fmt::format(
           "spillway data parallel (dist_params:sharded): dropping '{}' of model '{}', which "
           "rank {} does not own, failed: {}",
-          parameter_name(chunks, managed), model.name, rank, ChunkManager::last_error()));
+          tensor_name(chunks, managed.param_id), model.name, rank, ChunkManager::last_error()));
   });
 }
 
@@ -533,7 +528,7 @@ void gather_for_op(std::span<ManagedParam* const> params) {
     throw std::logic_error(fmt::format(
         "spillway data parallel (dist_params:sharded): an op inside a data parallel collective "
         "uses '{}', whose chunk group is dropped",
-        parameter_name(active_chunk_manager(), *dropped)));
+        tensor_name(active_chunk_manager(), dropped->param_id)));
   }
   CollectivesTurn turn = take_collectives_turn();
   if (!turn.group) {
