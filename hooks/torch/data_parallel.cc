@@ -168,15 +168,15 @@ void write_gathered(ChunkManager& chunks, const ManagedParam& managed, const at:
            });
 }
 
-// The parameter's bytes in logical order, read from its chunk without an op
-// on it: a gather issued ahead of its use reads the owner's bytes while the
-// group still reads as dropped, where an op would gather it.
-at::Tensor read_in_chunk(ChunkManager& chunks, const ManagedParam& managed) {
-  at::Tensor values;
+// Copies the parameter's bytes, in logical order, from its chunk into
+// `destination` without an op on it: a gather issued ahead of its use reads
+// the owner's bytes while the group still reads as dropped, where an op
+// would gather it.
+void copy_from_chunk(ChunkManager& chunks, const ManagedParam& managed,
+                     const at::Tensor& destination) {
   in_chunk(
       chunks, managed, AccessMode::read, "reading the values to send of",
-      [&](const at::Tensor& in) { values = in.contiguous().view({-1}).view(at::kByte).clone(); });
-  return values;
+      [&](const at::Tensor& in) { destination.copy_(in.contiguous().view({-1}).view(at::kByte)); });
 }
 
 // The member's parameters that `moved` selects, in layout order: what the
@@ -240,7 +240,7 @@ GroupGather start_group_gather(c10d::ProcessGroup& group, const ChunkGroup& chun
   ChunkManager& chunks = active_chunk_manager();
   std::int64_t offset = 0;
   for (const ManagedParam* managed : members[static_cast<std::size_t>(rank)]) {
-    mine.narrow(0, offset, bytes(*managed)).copy_(read_in_chunk(chunks, *managed));
+    copy_from_chunk(chunks, *managed, mine.narrow(0, offset, bytes(*managed)));
     offset += bytes(*managed);
   }
   at::Tensor all = at::empty({widest * world}, staging);

@@ -31,10 +31,10 @@
 //    drops a group: a gathered chunk is spilled like any other, so which collectives run never
 //    depends on it.
 //  - Dropping is ChunkManager::discard: the chunk's payloads go on both
-//    sides, and it reads as zeros until a gather writes it through the
-//    op hooks, like any write. A group is marked gathered before its bytes
-//    are written (the writes are ops on its parameters) and dropped again
-//    if the gather fails, so no op computes on bytes that did not arrive.
+//    sides, and it reads as zeros until a gather writes it, straight into
+//    the chunk (no op on the parameter, so autograd's version counter stays).
+//    A group whose write fails is dropped again, so no op computes on bytes
+//    that did not arrive.
 //  - Gathers and drops follow a plan from a recorded step where one
 //    applies (Note [Gathers issued ahead of their use]); the window above
 //    serves the steps without one.
@@ -473,21 +473,18 @@ bool follow_plan(Operation& operation, ShardedState& state, const GroupUse& use)
   return false;
 }
 
-// The window's gathers: each dropped group the op uses, then drops beyond
-// the window by last use.
-void gather_on_demand(Operation& operation, ShardedState& state,
-                      std::span<ManagedParam* const> params) {
+// The window's gathers: each dropped group of the op's `use`, then drops
+// beyond the window by last use, never of the op's own groups.
+void gather_on_demand(Operation& operation, ShardedState& state, const GroupUse& use) {
   ChunkManager& chunks = active_chunk_manager();
   const int rank = operation.group.getRank();
-  // The op's groups, pinned against drops; in one order on every rank.
-  std::map<ClientId, std::set<std::size_t>> used;
-  for (ManagedParam* managed : params) {
-    const std::int32_t index = managed->shard_group.load(std::memory_order_acquire);
-    if (index >= 0) used[managed->client].insert(static_cast<std::size_t>(index));
-  }
+  // `use` is sorted by model: one model's groups at a time, in one order on
+  // every rank.
+  std::map<std::int64_t, std::set<std::size_t>> used;
+  for (const GroupKey& key : use) used[key.model].insert(static_cast<std::size_t>(key.group));
   operation.begin();
-  for (const auto& [client, indices] : used) {
-    ShardedModel& model = state.models.at(client);
+  for (const auto& [position, indices] : used) {
+    ShardedModel& model = model_at_position(state, position);
     for (const std::size_t index : indices)
       if (!model.gathered.at(index)) gather(operation.group, model, index);
     keep_window(chunks, model, indices, rank);
@@ -543,7 +540,7 @@ void gather_for_op(std::span<ManagedParam* const> params) {
   record(state.interval, use);
   if (follow_plan(operation, state, use)) return;
   if (dropped == nullptr) return;
-  gather_on_demand(operation, state, params);
+  gather_on_demand(operation, state, use);
 }
 
 void end_interval(c10d::ProcessGroup& group) {
