@@ -182,12 +182,27 @@ bool Runtime::build() {
   // sim_bandwidth models the simulated device's copies only; elsewhere the
   // copy bandwidth is unknown and prefetches are not timed.
   if (device_->kind() != DeviceKind::sim) chunk_options.copy_bytes_per_s = 0;
+  warn_if_copies_take_seconds();
   chunk_manager_ = std::make_unique<ChunkManager>(*device_, *owned_allocator_, chunk_options,
                                                   make_eviction_policy(config_), recorder_.get());
   SPILLWAY_LOG(info, "active on {}: budget {} bytes, chunk size {} bytes{}{}", device_->name(),
                budget, config_.chunk_size, config_.trace.empty() ? "" : ", tracing to ",
                config_.trace);
   return true;
+}
+
+// A rate in the wrong unit (1MB/s for 1GB/s) is accepted, and every fetch
+// then takes seconds: the run looks hung, not misconfigured.
+void Runtime::warn_if_copies_take_seconds() const {
+  if (device_->kind() != DeviceKind::sim || config_.sim_bandwidth == 0) return;
+  const double chunk_copy_s =
+      static_cast<double>(config_.chunk_size) / static_cast<double>(config_.sim_bandwidth);
+  if (chunk_copy_s < 1.0) return;
+  SPILLWAY_LOG(warn,
+               "sim_bandwidth:{}B/s copies one chunk ({} bytes) in {:.3g} s, so each chunk "
+               "fetch or write-back stalls the program that long; a device link moves GB/s "
+               "(sim_bandwidth:25GB/s, say)",
+               config_.sim_bandwidth, config_.chunk_size, chunk_copy_s);
 }
 
 Stats Runtime::stats() const {

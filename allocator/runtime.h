@@ -89,6 +89,7 @@ class Runtime {
   CachingAllocator* activate(std::string* error);
   // Builds everything; false with activation_error_ set on failure.
   bool build();
+  void warn_if_copies_take_seconds() const;
 
   std::mutex mutex_;  // guards configured_text_ and activation_started_
   std::optional<std::string> configured_text_;

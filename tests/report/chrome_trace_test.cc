@@ -40,6 +40,16 @@ TEST(ChromeTrace, SmallV2TraceEvents) {
   EXPECT_EQ(document["metadata"]["device_budget_bytes"], "1000000");
 }
 
+TEST(ChromeTrace, ARepeatedMetadataKeyKeepsEveryValueInFileOrder) {
+  TraceFileContents trace = testing::small_v2_trace();
+  trace.metadata.emplace_back("note", "first");
+  trace.metadata.emplace_back("note", "second");
+  trace.metadata.emplace_back("note", "third");
+  const json document = chrome_trace(trace, build_report_model(trace));
+  EXPECT_EQ(document["metadata"]["note"], json::array({"first", "second", "third"}));
+  EXPECT_EQ(document["metadata"]["device_budget_bytes"], "1000000");  // once: a string
+}
+
 TEST(ChromeTrace, CountersFollowTheModel) {
   const TraceFileContents trace = testing::small_v2_trace();
   const json document = chrome_trace(trace, build_report_model(trace));

@@ -204,8 +204,18 @@ json chrome_trace(const TraceFileContents& trace, const ReportModel& model) {
   }
   for (json& event : events) all.push_back(std::move(event));
 
+  // A key the file repeats keeps every value, in file order, as an array:
+  // an object holds each key once.
   json metadata = json::object();
-  for (const auto& [key, value] : model.metadata) metadata[key] = value;
+  for (const auto& [key, value] : model.metadata) {
+    auto found = metadata.find(key);
+    if (found == metadata.end()) {
+      metadata[key] = value;
+    } else {
+      if (!found->is_array()) *found = json::array({*found});
+      found->push_back(value);
+    }
+  }
   metadata["format_version"] = model.format_version;
   metadata["first_event_time_ns"] = model.first_time_ns;
   return {{"traceEvents", std::move(all)},

@@ -126,5 +126,28 @@ TEST(Runtime, BadConfigurationNamesTheKeyAndActivatesNothing) {
   EXPECT_NE(error.find("1MiB"), std::string::npos) << error;
 }
 
+TEST(Runtime, ABandwidthThatCopiesAChunkInSecondsIsWarnedAtActivation) {
+  const auto activation_log = [](const char* conf) {
+    Runtime runtime(conf);
+    ::testing::internal::CaptureStderr();
+    std::string error;
+    const bool active = runtime.allocator(&error) != nullptr;
+    const std::string log = ::testing::internal::GetCapturedStderr();
+    EXPECT_TRUE(active) << error;
+    return log;
+  };
+  // 1 B/s: a 4 MiB chunk takes 48 days.
+  const std::string slow =
+      activation_log("device:sim,sim_capacity:64MiB,chunk_size:4MiB,sim_bandwidth:1B/s");
+  EXPECT_NE(slow.find("sim_bandwidth:1B/s copies one chunk (4194304 bytes) in 4.19e+06 s"),
+            std::string::npos)
+      << slow;
+  EXPECT_EQ(activation_log("device:sim,sim_capacity:64MiB,chunk_size:4MiB,sim_bandwidth:8MB/s")
+                .find("sim_bandwidth"),
+            std::string::npos);
+  EXPECT_EQ(activation_log("device:sim,sim_capacity:64MiB,chunk_size:4MiB").find("sim_bandwidth"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace spillway
