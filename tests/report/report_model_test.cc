@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "tests/report/synthetic_traces.h"
 #include "tools/report/recommendations.h"
 #include "tools/report/summary_text.h"
@@ -157,6 +159,33 @@ TEST(ReportModel, FreesWithoutAllocsDoNotWrap) {
   const ReportModel model = build_report_model(trace);
   EXPECT_EQ(model.totals.unmatched_frees, 1u);
   EXPECT_EQ(model.totals.peak_allocated_bytes, 100u);
+}
+
+// Corrupt sizes (a trace cut short carries no CRC over its records) stop the
+// sums at the largest value: wrapped, two stalls of 2^64-1 ns would read as
+// a plausible 2^64-2.
+TEST(ReportModel, SumsOfCorruptSizesStopAtTheLargestValueInsteadOfWrapping) {
+  constexpr std::uint64_t kMax = std::numeric_limits<std::uint64_t>::max();
+  TraceFileContents trace;
+  trace.format_version = 2;
+  trace.events = {{10, K::stall, 0, 4, kMax, 0, 1},
+                  {20, K::stall, 0, 4, kMax, 0, 1},
+                  {30, K::alloc, 0, 0x1000, kMax},
+                  {40, K::alloc, 0, 0x2000, 100},
+                  {50, K::chunk_fetch, 2097152, 4, kMax, 0, 1},
+                  {60, K::chunk_writeback, 0, 4, kMax, 0, 1},
+                  {70, K::chunk_writeback, 0, 4, 5, 0, 1}};
+  const ReportModel model = build_report_model(trace);
+  EXPECT_EQ(model.totals.stalls, 2u);
+  EXPECT_EQ(model.totals.stall_ns, kMax);
+  ASSERT_EQ(model.clients.size(), 1u);
+  EXPECT_EQ(model.clients[0].stall_ns, kMax);
+  EXPECT_EQ(model.totals.peak_allocated_bytes, kMax);
+  EXPECT_EQ(model.totals.bytes_h2d, kMax);
+  EXPECT_EQ(model.totals.bytes_d2h, kMax);
+  std::uint64_t bucket_stall = 0;
+  for (const TrafficBucket& bucket : traffic_buckets(model, 1)) bucket_stall = bucket.stall_ns;
+  EXPECT_EQ(bucket_stall, kMax);
 }
 
 TEST(ReportModel, EmptyTrace) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <limits>
 #include <map>
 #include <utility>
 
@@ -17,6 +18,15 @@ std::optional<std::uint64_t> metadata_bytes(const TraceMetadata& metadata, std::
   const auto [at, error] = std::from_chars(text->data(), end, value);
   if (error != std::errc() || at != end) return std::nullopt;
   return value;
+}
+
+// Sizes come from the file: a sum of corrupt ones (a stall of 2^64-1 ns in a
+// trace cut short, which no CRC covers) stops at the largest value instead of
+// wrapping round to a small, plausible one.
+void add_saturating(std::uint64_t& total, std::uint64_t amount) {
+  total = amount > std::numeric_limits<std::uint64_t>::max() - total
+              ? std::numeric_limits<std::uint64_t>::max()
+              : total + amount;
 }
 
 // Subtracts without wrapping; counts the times there was not enough to subtract.
@@ -57,7 +67,7 @@ class ModelBuilder {
     switch (event.kind) {
       case TraceEventKind::alloc:
         ++totals.allocs;
-        current_.allocated_bytes += event.size;
+        add_saturating(current_.allocated_bytes, event.size);
         break;
       case TraceEventKind::free:
         ++totals.frees;
@@ -65,7 +75,7 @@ class ModelBuilder {
         break;
       case TraceEventKind::segment_alloc:
         ++totals.segment_allocs;
-        current_.reserved_bytes += event.size;
+        add_saturating(current_.reserved_bytes, event.size);
         break;
       case TraceEventKind::segment_free:
         subtract_live(&current_.reserved_bytes, event.size, &totals.unmatched_frees);
@@ -91,7 +101,7 @@ class ModelBuilder {
       case TraceEventKind::chunk_writeback:
         count(client_for(event), [&](auto& figures) {
           ++figures.writebacks;
-          figures.bytes_d2h += event.size;
+          add_saturating(figures.bytes_d2h, event.size);
         });
         model_->transfers.push_back({event.time_ns, event.size, false});
         break;
@@ -101,10 +111,10 @@ class ModelBuilder {
       case TraceEventKind::stall:
         count(client_for(event), [&](auto& figures) {
           ++figures.stalls;
-          figures.stall_ns += event.size;
+          add_saturating(figures.stall_ns, event.size);
         });
         model_->stalls.push_back({event.time_ns, event.size, event.client, event.address});
-        totals.stall_ns_after_steps += event.size;
+        add_saturating(totals.stall_ns_after_steps, event.size);
         break;
       case TraceEventKind::step:
         ++totals.steps;
@@ -140,10 +150,11 @@ class ModelBuilder {
 
   void finish() {
     for (auto& [id, client] : clients_) model_->clients.push_back(std::move(client));
-    for (const auto& [key, capacity] : chunk_capacity_) model_->totals.model_size_bytes += capacity;
+    for (const auto& [key, capacity] : chunk_capacity_)
+      add_saturating(model_->totals.model_size_bytes, capacity);
     for (const auto& [key, used] : chunk_used_) {
-      model_->totals.fetched_chunk_used_bytes += used;
-      model_->totals.fetched_chunk_capacity_bytes += chunk_capacity_.at(key);
+      add_saturating(model_->totals.fetched_chunk_used_bytes, used);
+      add_saturating(model_->totals.fetched_chunk_capacity_bytes, chunk_capacity_.at(key));
     }
   }
 
@@ -170,9 +181,9 @@ class ModelBuilder {
   void note_capacity(ClientActivity& client, const ChunkKey& key, std::uint64_t capacity) {
     auto [it, inserted] = chunk_capacity_.try_emplace(key, capacity);
     if (inserted) {
-      client.chunk_bytes += capacity;
+      add_saturating(client.chunk_bytes, capacity);
     } else if (capacity > it->second) {  // a chunk that grew: count its largest capacity
-      client.chunk_bytes += capacity - it->second;
+      add_saturating(client.chunk_bytes, capacity - it->second);
       it->second = capacity;
     }
   }
@@ -187,7 +198,7 @@ class ModelBuilder {
     count(client, [&](auto& figures) {
       ++figures.fetches;
       if (event.detail == kTraceDetailPrefetch) ++figures.prefetches;
-      figures.bytes_h2d += event.size;
+      add_saturating(figures.bytes_h2d, event.size);
     });
     model_->transfers.push_back({event.time_ns, event.size, true});
     const ChunkKey key{event.client, event.address};
@@ -197,8 +208,10 @@ class ModelBuilder {
     // A fetch of a chunk already on the device (a refill after a writeback)
     // moves bytes but takes no new device memory.
     if (resident_.try_emplace(key, event.stream).second) {
-      current_.model_bytes += event.stream;
-      set_resident(client, event.time_ns, client.residency.back().resident_bytes + event.stream);
+      add_saturating(current_.model_bytes, event.stream);
+      std::uint64_t resident = client.residency.back().resident_bytes;
+      add_saturating(resident, event.stream);
+      set_resident(client, event.time_ns, resident);
     }
   }
 
@@ -284,10 +297,10 @@ std::vector<TrafficBucket> traffic_buckets(const ReportModel& model, std::size_t
   };
   for (const Transfer& transfer : model.transfers) {
     TrafficBucket& bucket = buckets[bucket_of(transfer.time_ns)];
-    (transfer.to_device ? bucket.bytes_h2d : bucket.bytes_d2h) += transfer.bytes;
+    add_saturating(transfer.to_device ? bucket.bytes_h2d : bucket.bytes_d2h, transfer.bytes);
   }
   for (const Stall& stall : model.stalls)
-    buckets[bucket_of(stall.time_ns)].stall_ns += stall.duration_ns;
+    add_saturating(buckets[bucket_of(stall.time_ns)].stall_ns, stall.duration_ns);
   return buckets;
 }
 
