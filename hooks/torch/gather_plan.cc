@@ -8,7 +8,8 @@
 // the parameters it uses, consecutive repeats merged. The ranks' sequences
 // are the same (every rank must use the same parameters in the same order);
 // at the boundary each rank's fingerprint is compared with rank 0's, and
-// the sequence becomes the plan of the steps that start with the same use.
+// the sequence becomes a plan, followed by the steps that go the same way
+// (Note [Steps that begin alike and part later]).
 // The plan says, for each use, which groups are gathered for it and which
 // are dropped after it:
 //  - A group is dropped after its last use before the boundary (every
@@ -21,6 +22,27 @@
 //    timing or memory pressure, so every rank issues the same collectives.
 // Issuing each gather some gathers ahead of its use, and what happens when
 // a step departs from its plan, is sharded_params.cc's.
+//
+// Note [Steps that begin alike and part later]
+// A loop can run steps of several kinds that begin with the same use: an
+// eval forward every few steps (the training step's forward, then no
+// backward), or a different accumulation count. Plans are kept by recency
+// (GatherPlans, at most kMostPlans), not one per first use:
+//  - A step follows the most recent plan that begins with its first use.
+//  - A use the plan does not have next switches to the most recent other
+//    plan whose uses so far are the same and whose next is this use; only
+//    when none has it does the step depart. The two plans' drops in the
+//    common part differ (each plans its own future), so at the switch the
+//    groups the new plan would not hold are dropped, and a group it would
+//    hold but the old one dropped is gathered at its next use.
+//  - A step that reached its plan's end makes that plan the most recent; a
+//    step that departed, or ended before its plan's end (the eval forward
+//    following the training plan), is planned and becomes the most recent,
+//    in place of a plan of the same uses.
+// So after an eval step the next training step follows the eval's plan
+// through the forward, switches to the training plan at the backward, and
+// issues its gathers ahead throughout, where one plan per first use was
+// replaced by each kind in turn and both steps gathered on demand.
 #include "hooks/torch/gather_plan.h"
 
 #include <algorithm>
@@ -93,6 +115,59 @@ GatherPlan plan_gathers(std::span<const GroupUse> uses, std::size_t window) {
       }
   }
   return plan;
+}
+
+GroupUse present_at(const GatherPlan& plan, std::size_t at) {
+  std::set<GroupKey> present;
+  for (std::size_t i = 0; i <= at && i < plan.uses.size(); ++i) {
+    const PlannedUse& use = plan.uses[i];
+    if (i > 0) {
+      const PlannedUse& previous = plan.uses[i - 1];
+      for (const GroupKey& key : previous.drops)
+        if (std::ranges::binary_search(previous.groups, key)) present.erase(key);
+    }
+    present.insert(use.groups.begin(), use.groups.end());
+    for (const GroupKey& key : use.drops)
+      if (!std::ranges::binary_search(use.groups, key)) present.erase(key);
+  }
+  return GroupUse(present.begin(), present.end());
+}
+
+const GatherPlan* GatherPlans::beginning_with(const GroupUse& use) const {
+  for (auto plan = plans_.rbegin(); plan != plans_.rend(); ++plan)
+    if (!plan->uses.empty() && plan->uses.front().groups == use) return &*plan;
+  return nullptr;
+}
+
+const GatherPlan* GatherPlans::parting_with(const GatherPlan& current, std::size_t reached,
+                                            const GroupUse& use) const {
+  if (reached > current.uses.size()) return nullptr;
+  for (auto plan = plans_.rbegin(); plan != plans_.rend(); ++plan) {
+    if (&*plan == &current || plan->uses.size() <= reached || plan->uses[reached].groups != use)
+      continue;
+    if (std::equal(current.uses.begin(),
+                   current.uses.begin() + static_cast<std::ptrdiff_t>(reached), plan->uses.begin(),
+                   [](const PlannedUse& a, const PlannedUse& b) { return a.groups == b.groups; }))
+      return &*plan;
+  }
+  return nullptr;
+}
+
+void GatherPlans::followed(const GatherPlan* plan) {
+  for (auto it = plans_.begin(); it != plans_.end(); ++it)
+    if (&*it == plan) {
+      plans_.splice(plans_.end(), plans_, it);
+      return;
+    }
+}
+
+void GatherPlans::keep(std::span<const GroupUse> recorded) {
+  std::erase_if(plans_, [&](const GatherPlan& plan) {
+    return std::ranges::equal(plan.uses, recorded,
+                              [](const PlannedUse& a, const GroupUse& b) { return a.groups == b; });
+  });
+  plans_.push_back(plan_gathers(recorded, window_));
+  while (plans_.size() > most_) plans_.pop_front();
 }
 
 std::uint64_t fingerprint(std::span<const GroupUse> uses) {

@@ -43,11 +43,11 @@
 // Between two step boundaries each rank records its uses of sharded chunk
 // groups; at the boundary the ranks compare fingerprints of them (every
 // rank must have used the same parameters in the same order: a difference
-// is an error naming the rank) and the recording becomes the plan of the
-// steps that begin with the same use (Note [A plan of gathers from the
-// recorded step] in gather_plan.cc). rank 0's plan is every rank's: the
+// is an error naming the rank) and the recording becomes a plan (Note [A
+// plan of gathers from the recorded step] in gather_plan.cc). rank 0's plan is every rank's: the
 // fingerprints show the recordings are the same, so nothing more is sent.
-// A step that begins with a planned use follows the plan:
+// A step follows the most recent plan that begins with its first use
+// (Note [Steps that begin alike and part later] in gather_plan.cc):
 //  - At each planned use the groups it needs are made present (a gather
 //    issued ahead is waited for, checked and written; one not issued is
 //    gathered there), then the plan's drops of other groups beyond the
@@ -60,11 +60,14 @@
 //    stay in the staging buffer until their use, so a gathered chunk never
 //    waits in the budget. Every rank issues them at the same use, so the
 //    collectives match.
-//  - A use the plan does not have next (an eval forward, a different
-//    accumulation count) departs from the plan: the gathers in flight are
-//    finished, and the step goes on with the window's gathers on demand.
-//    Every rank departs at the same use. The recording of a step that
-//    departed, or had no plan, replaces its plan at the boundary.
+//  - A use the plan does not have next finishes the gathers in flight and
+//    switches to the most recent other plan that went the same way so far
+//    and has this use next (the training step after an eval's forward),
+//    dropping what that plan would not hold; where none has it, the step
+//    departs and goes on with the window's gathers on demand. Every rank
+//    switches or departs at the same use. The recording of a step that
+//    departed, ended before its plan's end, or had none becomes a plan at
+//    the boundary.
 // At the boundary, gathers never used are waited for and discarded.
 //
 // Note [Uses only the owner makes]
@@ -140,13 +143,14 @@ struct Interval {
 
 // Uses recorded between two boundaries at most; a longer step gets no plan.
 constexpr std::size_t kMostRecordedUses = std::size_t{1} << 18;
-// Plans kept, by first use: a training step, an actor's and a critic's.
+// Plans kept (Note [Steps that begin alike and part later] in
+// gather_plan.cc): a training step, an eval, an actor's and a critic's.
 constexpr std::size_t kMostPlans = 8;
 
 // Guarded by the collectives' turn.
 struct ShardedState {
   std::map<ClientId, ShardedModel> models;
-  std::map<GroupUse, GatherPlan> plans;  // by their first use
+  GatherPlans plans{kMostPlans, kGatheredGroupsPerModel};
   Interval interval;
 };
 
@@ -449,14 +453,32 @@ void reach(Operation& operation, ShardedState& state, std::size_t at) {
   }
 }
 
+void finish_every_gather_ahead(Operation& operation, ShardedState& state) {
+  for (auto& [client, model] : state.models)
+    while (!model.ahead.empty())
+      finish_gather_ahead(operation.group, model, model.ahead.begin()->first);
+}
+
+// Switching to another plan (Note [Steps that begin alike and part later]
+// in gather_plan.cc): what it would not hold is dropped.
+void keep_only(ShardedState& state, const GroupUse& present, int rank) {
+  ChunkManager& chunks = active_chunk_manager();
+  for (auto& [client, model] : state.models)
+    for (std::size_t index = 0; index < model.groups.size(); ++index)
+      if (model.gathered[index] &&
+          !std::ranges::binary_search(present,
+                                      GroupKey{model.position, static_cast<std::int64_t>(index)}) &&
+          !held(chunks, model.groups[index]))
+        drop(chunks, model, index, rank);
+}
+
 // Note [Gathers issued ahead of their use]: whether the plan served the op
 // (false: gather on demand).
 bool follow_plan(Operation& operation, ShardedState& state, const GroupUse& use) {
   Interval& interval = state.interval;
   if (interval.following == Following::not_yet) {
-    const auto found = state.plans.find(use);
-    interval.following = found == state.plans.end() ? Following::on_demand : Following::plan;
-    if (found != state.plans.end()) interval.plan = &found->second;
+    interval.plan = state.plans.beginning_with(use);
+    interval.following = interval.plan == nullptr ? Following::on_demand : Following::plan;
   }
   if (interval.following != Following::plan) return false;
   const GatherPlan& plan = *interval.plan;
@@ -465,10 +487,18 @@ bool follow_plan(Operation& operation, ShardedState& state, const GroupUse& use)
     return true;
   }
   if (interval.reached > 0 && plan.uses[interval.reached - 1].groups == use) return true;
-  // Departs: what is in flight is finished, and kept as on demand.
-  for (auto& [client, model] : state.models)
-    while (!model.ahead.empty())
-      finish_gather_ahead(operation.group, model, model.ahead.begin()->first);
+  // What is in flight is finished, and kept.
+  finish_every_gather_ahead(operation, state);
+  const GatherPlan* other =
+      interval.reached > 0 ? state.plans.parting_with(plan, interval.reached, use) : nullptr;
+  if (other != nullptr) {
+    interval.plan = other;
+    interval.issued = 0;
+    keep_only(state, present_at(*other, interval.reached - 1), operation.group.getRank());
+    reach(operation, state, interval.reached++);
+    return true;
+  }
+  // Departs: the rest of the step gathers on demand.
   interval.following = Following::on_demand;
   return false;
 }
@@ -580,11 +610,10 @@ void end_interval(c10d::ProcessGroup& group) {
       adopt = adopt || all[rank][2].item<std::int64_t>() == 0;
       overflowed = overflowed || all[rank][3].item<std::int64_t>() != 0;
     }
-    if (adopt && !overflowed && !interval.recorded.empty()) {
-      const GroupUse& first = interval.recorded.front();
-      if (state.plans.size() >= kMostPlans && !state.plans.contains(first))
-        state.plans.erase(state.plans.begin());
-      state.plans[first] = plan_gathers(interval.recorded, kGatheredGroupsPerModel);
+    if (!adopt) {
+      state.plans.followed(interval.plan);  // every rank followed it to its end
+    } else if (!overflowed && !interval.recorded.empty()) {
+      state.plans.keep(interval.recorded);
     }
   }
   interval = Interval{};

@@ -946,6 +946,30 @@ TEST(DataParallelSharded, RanksWhoseUsesDifferFailAtTheStepNamingTheRank) {
 // Twenty-four 1 MiB layers, the first used again last, as a tied
 // embedding is: thirteen chunks, seven groups at N = 2, more than the
 // window holds.
+// Runs the test's ranks replicated, then sharded; each rank's results but
+// the last `figures` (counts, not values) must be the same bits in both.
+// Returns both runs' results by rank, none where a run failed.
+struct ReplicatedAndSharded {
+  RunResult replicated, sharded;
+};
+std::vector<ReplicatedAndSharded> sharded_runs_matching_replicated(int world, std::size_t figures) {
+  TemporaryFolder replicated, sharded;
+  run_ranks(world, replicated.path);
+  run_ranks(world, sharded.path, -1, {"SPILLWAY_DP_TEST_SHARDED=1"});
+  if (::testing::Test::HasFailure()) return {};
+  std::vector<ReplicatedAndSharded> results;
+  for (int rank = 0; rank < world; ++rank) {
+    RunResult expected = load_result(result_path(replicated.path, rank));
+    RunResult got = load_result(result_path(sharded.path, rank));
+    EXPECT_EQ(got.params.size(), expected.params.size()) << "rank " << rank;
+    if (got.params.size() != expected.params.size()) return {};
+    for (std::size_t i = 0; i + figures < got.params.size(); ++i)
+      EXPECT_TRUE(same_bits(got.params[i], expected.params[i])) << "rank " << rank << ", #" << i;
+    results.push_back({std::move(expected), std::move(got)});
+  }
+  return results;
+}
+
 struct TiedDeep : torch::nn::Module {
   static constexpr int kLayers = 24;
   TiedDeep() {
@@ -966,6 +990,24 @@ struct TiedDeep : torch::nn::Module {
   std::vector<torch::nn::Linear> layers;
 };
 
+// A rank of the TiedDeep tests: the model, managed with sharded parameters
+// where the run is the sharded one, and SGD with momentum over it.
+struct TiedDeepRank {
+  explicit TiedDeepRank(const RankEnvironment& env) : seeded(configure()) {
+    spillway::set_process_group(connect(env));
+    spillway::manage(model);
+    optimizer.emplace(model.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  }
+  static bool configure() {
+    use_conf(/*dist_env=*/false, /*sharded=*/std::getenv("SPILLWAY_DP_TEST_SHARDED") != nullptr);
+    torch::manual_seed(7);
+    return true;
+  }
+  bool seeded;  // first: the model's values come from the seed
+  TiedDeep model;
+  std::optional<torch::optim::SGD> optimizer;
+};
+
 // Through many groups, each rank holds its own chunks and at most
 // kGatheredGroupsPerModel groups of the others' (the window), and a group used again after it was
 // dropped is gathered again: the same values, bit for bit, as with
@@ -974,13 +1016,9 @@ struct TiedDeep : torch::nn::Module {
 TEST(DataParallelSharded, ManyGroupsAndATiedLayerTrainAsReplicatedWithinTheWindow) {
   constexpr int kWorld = 2;
   if (auto env = rank_environment()) {
-    const bool sharded = std::getenv("SPILLWAY_DP_TEST_SHARDED") != nullptr;
-    use_conf(/*dist_env=*/false, sharded);
-    torch::manual_seed(7);
-    TiedDeep model;
-    spillway::set_process_group(connect(*env));
-    spillway::manage(model);
-    torch::optim::SGD optimizer(model.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    TiedDeepRank rank(*env);
+    TiedDeep& model = rank.model;
+    torch::optim::SGD& optimizer = *rank.optimizer;
     std::int64_t most = 0;
     std::int64_t at_boundary = 0;
     const auto observe = [&] {
@@ -1017,17 +1055,11 @@ TEST(DataParallelSharded, ManyGroupsAndATiedLayerTrainAsReplicatedWithinTheWindo
     return;
   }
   at::set_num_threads(1);
-  TemporaryFolder replicated, sharded;
-  run_ranks(kWorld, replicated.path);
-  run_ranks(kWorld, sharded.path, -1, {"SPILLWAY_DP_TEST_SHARDED=1"});
-  if (::testing::Test::HasFailure()) return;
-  for (int rank = 0; rank < kWorld; ++rank) {
-    const RunResult expected = load_result(result_path(replicated.path, rank));
-    const RunResult got = load_result(result_path(sharded.path, rank));
-    ASSERT_EQ(got.params.size(), expected.params.size());
-    for (std::size_t i = 0; i + 2 < got.params.size(); ++i)
-      EXPECT_TRUE(same_bits(got.params[i], expected.params[i]))
-          << "rank " << rank << ", parameter #" << i;
+  // The values and those unmanage() hands back; then the figures.
+  const std::vector<ReplicatedAndSharded> runs = sharded_runs_matching_replicated(kWorld, 2);
+  for (int rank = 0; rank < static_cast<int>(runs.size()); ++rank) {
+    const RunResult& expected = runs[static_cast<std::size_t>(rank)].replicated;
+    const RunResult& got = runs[static_cast<std::size_t>(rank)].sharded;
     // The first step gathers on demand, through the window; the others
     // follow its plan (Note [Gathers issued ahead of their use]), which
     // gathers no more often, issuing gathers ahead of their use.
@@ -1053,6 +1085,71 @@ TEST(DataParallelSharded, ManyGroupsAndATiedLayerTrainAsReplicatedWithinTheWindo
     EXPECT_LT(most, total) << "rank " << rank << " held every parameter chunk at once";
     EXPECT_EQ(expected.params.back()[1].item<std::int64_t>(), total)
         << "replicated, rank " << rank << " should hold every parameter chunk";
+  }
+}
+
+// A loop that evaluates every other step (a no_grad forward, no step mark)
+// makes intervals of two kinds that begin alike: the training step alone,
+// and the eval's forward with the next training step. Each kind's step
+// follows the other's plan through the forward and switches to its own
+// (Note [Steps that begin alike and part later] in gather_plan.cc), so
+// from the third step on each step gathers no more than its kind's first
+// and issues its gathers ahead, as a loop of one kind does; the values and
+// the evals' outputs are the replicated run's, bit for bit.
+TEST(DataParallelSharded, AnEvalEveryOtherStepIsPlannedLikeTheTrainingSteps) {
+  constexpr int kWorld = 2;
+  constexpr int kSteps = 8;
+  if (auto env = rank_environment()) {
+    TiedDeepRank rank(*env);
+    TiedDeep& model = rank.model;
+    torch::optim::SGD& optimizer = *rank.optimizer;
+    std::vector<std::int64_t> gathers, ahead;  // per step, the eval before it included
+    std::vector<torch::Tensor> evals;
+    const auto nothing = [] {};
+    for (int step = 0; step < kSteps; ++step) {
+      const spillway::DataParallelTraffic before = spillway::data_parallel_traffic();
+      const torch::Tensor x =
+          batch(step, env->rank, 0).first.narrow(1, 0, 1).expand({kBatch, kHidden});
+      if (step % 2 == 1) {
+        torch::NoGradGuard no_grad;
+        evals.push_back(model.forward(x * 0.2, nothing).sum().reshape({1}));
+      }
+      optimizer.zero_grad();
+      model.forward(x * 0.1, nothing).square().mean().backward();
+      spillway::reduce_gradients();
+      optimizer.step();
+      spillway::step();
+      const spillway::DataParallelTraffic after = spillway::data_parallel_traffic();
+      gathers.push_back(after.parameter_gathers - before.parameter_gathers);
+      ahead.push_back(after.parameter_gathers_ahead - before.parameter_gathers_ahead);
+    }
+    spillway::unmanage(model.parameters());
+    RunResult result;
+    for (const auto& p : model.parameters()) result.params.push_back(p.detach().clone());
+    result.params.push_back(torch::cat(evals));
+    result.params.push_back(torch::tensor(gathers));
+    result.params.push_back(torch::tensor(ahead));
+    result.states.resize(result.params.size());
+    save_result(result, result_path(env->folder, env->rank));
+    return;
+  }
+  at::set_num_threads(1);
+  // The values, then the evals' outputs; then the figures.
+  const std::vector<ReplicatedAndSharded> runs = sharded_runs_matching_replicated(kWorld, 2);
+  for (int rank = 0; rank < static_cast<int>(runs.size()); ++rank) {
+    const RunResult& got = runs[static_cast<std::size_t>(rank)].sharded;
+    const torch::Tensor gathers = got.params[got.params.size() - 2];
+    const torch::Tensor ahead = got.params.back();
+    for (std::int64_t step = 2; step < kSteps; ++step) {
+      const std::int64_t kind_first = step % 2;
+      EXPECT_LE(gathers[step].item<std::int64_t>(), gathers[kind_first].item<std::int64_t>())
+          << "rank " << rank << ", step " << step;
+      // All but the step's first gather (nothing issues it ahead) and the
+      // one at the switch (what the other plan dropped is gathered at its use).
+      EXPECT_GE(ahead[step].item<std::int64_t>(), gathers[step].item<std::int64_t>() - 2)
+          << "rank " << rank << ", step " << step << " of " << gathers[step].item<std::int64_t>()
+          << " gathers";
+    }
   }
 }
 
