@@ -44,8 +44,9 @@
 // groups; at the boundary the ranks compare fingerprints of them (every
 // rank must have used the same parameters in the same order: a difference
 // is an error naming the rank) and the recording becomes a plan (Note [A
-// plan of gathers from the recorded step] in gather_plan.cc). rank 0's plan is every rank's: the
-// fingerprints show the recordings are the same, so nothing more is sent.
+// plan of gathers from the recorded step] in gather_plan.cc). rank 0's
+// plan is every rank's: the fingerprints show the recordings are the same,
+// so nothing more is sent.
 // A step follows the most recent plan that begins with its first use
 // (Note [Steps that begin alike and part later] in gather_plan.cc):
 //  - At each planned use the groups it needs are made present (a gather
