@@ -162,10 +162,15 @@ void GatherPlans::followed(const GatherPlan* plan) {
 }
 
 void GatherPlans::keep(std::span<const GroupUse> recorded) {
-  std::erase_if(plans_, [&](const GatherPlan& plan) {
+  // A plan of the same uses is the same plan: moved, not planned again.
+  const auto same = std::ranges::find_if(plans_, [&](const GatherPlan& plan) {
     return std::ranges::equal(plan.uses, recorded,
                               [](const PlannedUse& a, const GroupUse& b) { return a.groups == b; });
   });
+  if (same != plans_.end()) {
+    plans_.splice(plans_.end(), plans_, same);
+    return;
+  }
   plans_.push_back(plan_gathers(recorded, window_));
   while (plans_.size() > most_) plans_.pop_front();
 }

@@ -332,6 +332,12 @@ bool held(ChunkManager& chunks, const ChunkGroup& chunk_group) {
   return in_compute;
 }
 
+// A planned drop (a plan's, or a switch's): a group an op on this thread
+// holds stays, on every rank alike.
+void drop_unless_held(ChunkManager& chunks, ShardedModel& model, std::size_t index, int rank) {
+  if (model.gathered[index] && !held(chunks, model.groups[index])) drop(chunks, model, index, rank);
+}
+
 std::uint64_t last_use(const ChunkGroup& chunk_group) {
   std::uint64_t last = 0;
   for_each_sharded(chunk_group, kEveryMember, [&](const ManagedParam& managed) {
@@ -421,9 +427,7 @@ void reach(Operation& operation, ShardedState& state, std::size_t at) {
     for (const GroupKey& key : planned.drops) {
       if (std::ranges::binary_search(planned.groups, key) != of_its_own) continue;
       ShardedModel& model = model_at_position(state, key.model);
-      const auto index = static_cast<std::size_t>(key.group);
-      if (model.gathered[index] && !held(chunks, model.groups[index]))
-        drop(chunks, model, index, rank);
+      drop_unless_held(chunks, model, static_cast<std::size_t>(key.group), rank);
     }
   };
   if (at > 0) drop_planned(plan.uses[at - 1], /*of_its_own=*/true);
@@ -466,11 +470,9 @@ void keep_only(ShardedState& state, const GroupUse& present, int rank) {
   ChunkManager& chunks = active_chunk_manager();
   for (auto& [client, model] : state.models)
     for (std::size_t index = 0; index < model.groups.size(); ++index)
-      if (model.gathered[index] &&
-          !std::ranges::binary_search(present,
-                                      GroupKey{model.position, static_cast<std::int64_t>(index)}) &&
-          !held(chunks, model.groups[index]))
-        drop(chunks, model, index, rank);
+      if (!std::ranges::binary_search(present,
+                                      GroupKey{model.position, static_cast<std::int64_t>(index)}))
+        drop_unless_held(chunks, model, index, rank);
 }
 
 // Note [Gathers issued ahead of their use]: whether the plan served the op

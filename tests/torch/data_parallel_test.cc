@@ -946,6 +946,14 @@ TEST(DataParallelSharded, RanksWhoseUsesDifferFailAtTheStepNamingTheRank) {
 // Twenty-four 1 MiB layers, the first used again last, as a tied
 // embedding is: thirteen chunks, seven groups at N = 2, more than the
 // window holds.
+// A rank's results with no optimizer state: values, then figures.
+void save_tensors(const RankEnvironment& env, std::vector<torch::Tensor> tensors) {
+  RunResult result;
+  result.params = std::move(tensors);
+  result.states.resize(result.params.size());
+  save_result(result, result_path(env.folder, env.rank));
+}
+
 // Runs the test's ranks replicated, then sharded; each rank's results but
 // the last `figures` (counts, not values) must be the same bits in both.
 // Returns both runs' results by rank, none where a run failed.
@@ -957,6 +965,9 @@ std::vector<ReplicatedAndSharded> sharded_runs_matching_replicated(int world, st
   run_ranks(world, replicated.path);
   run_ranks(world, sharded.path, -1, {"SPILLWAY_DP_TEST_SHARDED=1"});
   if (::testing::Test::HasFailure()) return {};
+  // Off the simulated device's budget, where an earlier test of this process
+  // activated spillway: every rank's results of both runs stay loaded.
+  spillway::torch_bridge::HostWorkScope host_memory;
   std::vector<ReplicatedAndSharded> results;
   for (int rank = 0; rank < world; ++rank) {
     RunResult expected = load_result(result_path(replicated.path, rank));
@@ -1043,15 +1054,14 @@ TEST(DataParallelSharded, ManyGroupsAndATiedLayerTrainAsReplicatedWithinTheWindo
     // Unmanaged, each parameter takes its values along: gathered first
     // where this rank dropped them.
     spillway::unmanage(model.parameters());
-    RunResult result;
+    std::vector<torch::Tensor> results;
     for (const auto& p : model.parameters()) {
       EXPECT_FALSE(spillway::is_managed(p));
-      result.params.push_back(p.detach().clone());
+      results.push_back(p.detach().clone());
     }
-    result.params.push_back(torch::tensor(gathers));
-    result.params.push_back(torch::tensor({most, at_boundary, total}));
-    result.states.resize(result.params.size());
-    save_result(result, result_path(env->folder, env->rank));
+    results.push_back(torch::tensor(gathers));
+    results.push_back(torch::tensor({most, at_boundary, total}));
+    save_tensors(*env, std::move(results));
     return;
   }
   at::set_num_threads(1);
@@ -1124,13 +1134,12 @@ TEST(DataParallelSharded, AnEvalEveryOtherStepIsPlannedLikeTheTrainingSteps) {
       ahead.push_back(after.parameter_gathers_ahead - before.parameter_gathers_ahead);
     }
     spillway::unmanage(model.parameters());
-    RunResult result;
-    for (const auto& p : model.parameters()) result.params.push_back(p.detach().clone());
-    result.params.push_back(torch::cat(evals));
-    result.params.push_back(torch::tensor(gathers));
-    result.params.push_back(torch::tensor(ahead));
-    result.states.resize(result.params.size());
-    save_result(result, result_path(env->folder, env->rank));
+    std::vector<torch::Tensor> results;
+    for (const auto& p : model.parameters()) results.push_back(p.detach().clone());
+    results.push_back(torch::cat(evals));
+    results.push_back(torch::tensor(gathers));
+    results.push_back(torch::tensor(ahead));
+    save_tensors(*env, std::move(results));
     return;
   }
   at::set_num_threads(1);
