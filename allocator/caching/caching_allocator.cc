@@ -492,6 +492,8 @@ void* CachingAllocator::Impl::hand_out_locked(Block* free_block, const Request& 
   stats.allocation.increase(1);
   stats.allocated_bytes.increase(size);
   allocated_bytes_of(request.owner).increase(size);
+  if (request.owner != AllocationOwner::model)
+    non_model_high_water = std::max(non_model_high_water, stats.allocated_bytes_non_model.current);
   stats.active_bytes.increase(size);
   trace_locked(TraceEventKind::alloc, block->stream, block->address, request.asked_bytes);
   return block->pointer();
@@ -808,6 +810,14 @@ Status CachingAllocator::deallocate_idle(void* ptr) {
 }
 
 void CachingAllocator::empty_cache() { impl_->empty_cache(); }
+
+std::uint64_t CachingAllocator::take_non_model_high_water() {
+  std::lock_guard lock(impl_->mutex);
+  const std::int64_t current = impl_->stats.allocated_bytes_non_model.current;
+  const std::int64_t most = std::max(impl_->non_model_high_water, current);
+  impl_->non_model_high_water = current;
+  return static_cast<std::uint64_t>(most);
+}
 
 std::uint64_t CachingAllocator::release_wait_ns() const {
   return impl_->release_wait_ns.load(std::memory_order_relaxed);

@@ -77,6 +77,9 @@ class CachingAllocator {
   // Nanoseconds (device clock) spent returning memory to the device, which
   // waits for its queued work (Note [Time spent giving memory back]).
   std::uint64_t release_wait_ns() const;
+  // The most non-model bytes allocated since the last call (Note [Room a
+  // prefetch takes early] in allocator/policy/planned_policy.h).
+  std::uint64_t take_non_model_high_water();
 
   // Handlers are asked in registration order; not owned.
   void add_pressure_handler(PressureHandler* handler);

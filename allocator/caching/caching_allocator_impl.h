@@ -139,6 +139,9 @@ struct CachingAllocator::Impl {
   std::atomic<std::size_t> budget_bytes;
   // Note [Time spent giving memory back]: nanoseconds in device frees and unmaps.
   std::atomic<std::uint64_t> release_wait_ns{0};
+  // Note [Room a prefetch takes early]: the non-model high-water mark since
+  // the last take_non_model_high_water().
+  std::int64_t non_model_high_water = 0;
 
   mutable std::mutex mutex;
   BlockPool small_pool{BlockPool::Kind::small};

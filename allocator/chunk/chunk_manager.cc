@@ -127,10 +127,30 @@ class ChunkManager::FetchClock final : public CopyClock {
   std::uint64_t fetch_stream_free_at_ns() const override {
     return manager_.policy_time_locked(manager_.fetch_stream_free_at_ns_);
   }
+  bool copies_modelled() const override { return manager_.options_.copy_bytes_per_s > 0; }
   std::optional<std::uint64_t> fetch_ns(ChunkId id) const override {
     const Chunk* chunk = manager_.find_chunk_locked(id);
     if (chunk == nullptr) return std::nullopt;
     return manager_.fetch_ns_locked(*chunk);
+  }
+  // The device's reserve left once the chunk is in (taken from a cached
+  // block where one is free), in whole small slabs: an activation that finds
+  // no cached block fitting takes a new slab, and cached blocks are often
+  // fragments (Note [Room a prefetch takes early]).
+  std::uint64_t room_bytes(ChunkId id) const override {
+    const Chunk* chunk = manager_.find_chunk_locked(id);
+    if (chunk == nullptr) return 0;
+    const Stats stats = manager_.allocator_.stats();
+    const auto reserved = static_cast<std::uint64_t>(stats.reserved_bytes.current);
+    const auto active = static_cast<std::uint64_t>(stats.active_bytes.current);
+    const std::uint64_t taken = std::max(reserved, active + manager_.device_copy_bytes(*chunk));
+    const std::uint64_t budget = manager_.allocator_.budget_bytes();
+    const std::uint64_t left = budget > taken ? budget - taken : 0;
+    return left / CachingAllocator::kSmallSlabBytes * CachingAllocator::kSmallSlabBytes;
+  }
+  std::uint64_t non_model_bytes() const override {
+    return static_cast<std::uint64_t>(
+        manager_.allocator_.stats().allocated_bytes_non_model.current);
   }
 
  private:
@@ -185,8 +205,7 @@ Status ChunkManager::acquire(TensorId id, Stream stream, void** device_ptr, Acce
       }
     }
     SPILLWAY_INVARIANT(chunk.resident(), "an acquire hands out only resident bytes");
-    policy_->note_time(policy_clock_ns_locked());
-    policy_->note_access_writes(access == AccessMode::read_write);
+    note_access_context_locked(access);
     policy_->on_access(chunk.id);
     if (tensor->device_users++ == 0) {
       if (tensor->state == TensorState::hold) --chunk.held_tensors;
@@ -275,8 +294,7 @@ Status ChunkManager::acquire_host(TensorId id, void** host_ptr, AccessMode acces
       drop_device_copy_locked(chunk);  // it would be stale
       notify_locked(chunk);
     }
-    policy_->note_time(policy_clock_ns_locked());
-    policy_->note_access_writes(access == AccessMode::read_write);
+    note_access_context_locked(access);
     policy_->on_host_access(chunk.id);
     if (tensor->host_users++ == 0 && tensor->device_users == 0) {
       if (tensor->state == TensorState::hold) --chunk.held_tensors;
@@ -591,6 +609,14 @@ void ChunkManager::write_back_ahead_locked() {
 // memory back] in caching_allocator.cc).
 std::uint64_t ChunkManager::policy_clock_ns_locked() const {
   return policy_time_locked(device_.now_ns());
+}
+
+// What the policy records with an access: Notes [Prefetch timed by op
+// durations] and [Room a prefetch takes early] (planned_policy.h).
+void ChunkManager::note_access_context_locked(AccessMode access) {
+  policy_->note_time(policy_clock_ns_locked());
+  policy_->note_access_writes(access == AccessMode::read_write);
+  policy_->note_non_model_high_water(allocator_.take_non_model_high_water());
 }
 
 std::uint64_t ChunkManager::policy_time_locked(std::uint64_t device_ns) const {

@@ -292,6 +292,9 @@ class ChunkManager final : public PressureHandler {
   // Writes back a dirty chunk the next expected spill will evict (Note
   // [Write-backs ahead of spills] in planned_policy.h).
   void write_back_ahead_locked();
+  // Tells the policy the clock, the access mode and the non-model bytes, just
+  // before the access itself.
+  void note_access_context_locked(AccessMode access);
   // The device clock less the host's waits for moves: the policy's clock.
   std::uint64_t policy_clock_ns_locked() const;
   // A device-clock time on the policy's clock: less the host's waits so far,

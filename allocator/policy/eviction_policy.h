@@ -40,9 +40,17 @@ class CopyClock {
   virtual std::uint64_t now_ns() const = 0;
   // When the fetch stream is modelled to finish the fetches queued so far.
   virtual std::uint64_t fetch_stream_free_at_ns() const = 0;
+  // Whether copy times are modelled (the copy bandwidth is known); when not,
+  // prefetches are not timed.
+  virtual bool copies_modelled() const = 0;
   // Modelled time to fetch the chunk; nullopt when the copy bandwidth is
-  // unknown (then prefetches are not timed).
+  // unknown.
   virtual std::optional<std::uint64_t> fetch_ns(ChunkId chunk) const = 0;
+  // Note [Room a prefetch takes early]: the bytes other allocations may take
+  // once the chunk is on the device before the device is full, and the
+  // non-model bytes allocated now.
+  virtual std::uint64_t room_bytes(ChunkId chunk) const = 0;
+  virtual std::uint64_t non_model_bytes() const = 0;
 
  protected:
   ~CopyClock() = default;
@@ -78,6 +86,9 @@ class EvictionPolicy {
   // Just before an access: whether it may write the chunk (AccessMode
   // read_write; host accesses that write included).
   virtual void note_access_writes(bool writes) { (void)writes; }
+  // Before on_access: the most non-model bytes allocated since the access
+  // before (Note [Room a prefetch takes early] in planned_policy.h).
+  virtual void note_non_model_high_water(std::uint64_t bytes) { (void)bytes; }
   // A chunk was acquired (on the device or the host). Prefetches are not
   // accesses.
   virtual void on_access(ChunkId chunk) = 0;

@@ -12,11 +12,11 @@ namespace spillway {
 PlannedPolicy::PlannedPolicy(int warmup_steps) : warmup_steps_(std::max(1, warmup_steps)) {}
 
 void PlannedPolicy::on_access(ChunkId chunk) {
-  record_or_follow({chunk, /*on_host=*/false, now_ns_, access_writes_});
+  record_or_follow({chunk, /*on_host=*/false, now_ns_, access_writes_, non_model_high_water_});
 }
 
 void PlannedPolicy::on_host_access(ChunkId chunk) {
-  record_or_follow({chunk, /*on_host=*/true, now_ns_, access_writes_});
+  record_or_follow({chunk, /*on_host=*/true, now_ns_, access_writes_, non_model_high_water_});
 }
 
 void PlannedPolicy::record_or_follow(Access access) {
@@ -242,11 +242,17 @@ std::vector<ChunkId> PlannedPolicy::spill_victims_ahead(
   return victims;
 }
 
-void PlannedPolicy::on_evicted(ChunkId chunk) { lru_.on_evicted(chunk); }
+void PlannedPolicy::on_evicted(ChunkId chunk) {
+  lru_.on_evicted(chunk);
+  resident_from_ = resident_until_ = 0;
+}
 
 // A removed chunk may still be in the plan; if the step uses it, the access
 // sequence departs from the plan there and the plan is dropped.
-void PlannedPolicy::on_removed(ChunkId chunk) { lru_.on_removed(chunk); }
+void PlannedPolicy::on_removed(ChunkId chunk) {
+  lru_.on_removed(chunk);
+  resident_from_ = resident_until_ = 0;
+}
 
 std::optional<ChunkId> PlannedPolicy::choose_victim(const EvictionCandidates& candidates) {
   if (phase_ != Phase::following) return lru_.choose_victim(candidates);
@@ -256,16 +262,19 @@ std::optional<ChunkId> PlannedPolicy::choose_victim(const EvictionCandidates& ca
 }
 
 std::optional<ChunkId> PlannedPolicy::prefetch_candidate() const {
-  const std::optional<Candidate> next = next_prefetch();
+  const std::optional<Candidate> next = next_prefetch(kPrefetchLookahead);
   if (!next) return std::nullopt;
   return next->chunk;
 }
 
 // Note [Prefetch timed by op durations] (prefetch_timing.h).
 std::optional<PlannedFetch> PlannedPolicy::timed_prefetch(const CopyClock& clock) const {
-  const std::optional<Candidate> next = next_prefetch();
+  // Note [Room a prefetch takes early]: a timed fetch looks a whole step ahead.
+  const bool timed_fetches = timed() && clock.copies_modelled();
+  const std::optional<Candidate> next =
+      next_prefetch(timed_fetches ? sequence_.size() : kPrefetchLookahead);
   if (!next) return std::nullopt;
-  if (!timed()) return PlannedFetch{next->chunk};
+  if (!timed_fetches) return PlannedFetch{next->chunk};
   const std::optional<std::uint64_t> copy_ns = clock.fetch_ns(next->chunk);
   if (!copy_ns) return PlannedFetch{next->chunk};
   const std::uint64_t now_ns = clock.now_ns();
@@ -285,7 +294,32 @@ std::optional<PlannedFetch> PlannedPolicy::timed_prefetch(const CopyClock& clock
                            .fetch_stream_free_at_ns = clock.fetch_stream_free_at_ns(),
                            .copy_ns = *copy_ns};
   if (!must_start_now(timing)) return std::nullopt;
+  // Note [Room a prefetch takes early].
+  if (crowded_before(next->ahead, clock.non_model_bytes(), clock.room_bytes(next->chunk)) &&
+      !victim_at_use(next->ahead)) {
+    return std::nullopt;
+  }
   return PlannedFetch{next->chunk, expected_stall_ns(timing)};
+}
+
+bool PlannedPolicy::victim_at_use(std::size_t ahead) const {
+  const std::optional<Victim> victim = farthest_next_use(position_ + ahead, nullptr);
+  return victim && distance_to_next_use(victim->chunk) > ahead;
+}
+
+bool PlannedPolicy::crowded_before(std::size_t ahead, std::uint64_t now, std::uint64_t room) const {
+  const std::size_t size = sequence_.size();
+  const std::size_t begin = position_ % size;
+  const std::uint64_t at_use = std::max(sequence_[(begin + ahead) % size].non_model_high_water,
+                                        sequence_[(begin + ahead + 1) % size].non_model_high_water);
+  const std::uint64_t room_left = now > std::numeric_limits<std::uint64_t>::max() - room
+                                      ? std::numeric_limits<std::uint64_t>::max()
+                                      : now + room;
+  const std::uint64_t threshold = std::max(room_left, at_use);
+  // The window [begin, begin + ahead) runs into the next repetition at most once.
+  const std::size_t end = begin + ahead;
+  if (end > size && high_waters_.last_above(0, end - size, threshold)) return true;
+  return high_waters_.last_above(begin, std::min(end, size), threshold).has_value();
 }
 
 std::uint64_t PlannedPolicy::predicted_ns(std::size_t index) const {
@@ -296,23 +330,30 @@ std::uint64_t PlannedPolicy::predicted_ns(std::size_t index) const {
 }
 
 // Note [Planned prefetch].
-std::optional<PlannedPolicy::Candidate> PlannedPolicy::next_prefetch() const {
+std::optional<PlannedPolicy::Candidate> PlannedPolicy::next_prefetch(std::size_t lookahead) const {
   if (phase_ != Phase::following || sequence_.empty()) return std::nullopt;
-  const std::size_t lookahead = std::min(kPrefetchLookahead, sequence_.size());
+  const std::size_t size = sequence_.size();
+  lookahead = std::min(lookahead, size);
+  if (resident_from_ > position_ || resident_until_ < position_)
+    resident_from_ = resident_until_ = position_;
   // A chunk used on the host first would lose a device copy fetched now
   // (acquire_host drops it or writes around it), so it is skipped.
   std::vector<ChunkId> used_on_host_first;
-  for (std::size_t ahead = 0; ahead < lookahead; ++ahead) {
-    const Access& access = sequence_[(position_ + ahead) % sequence_.size()];
+  bool all_resident_so_far = true;
+  for (std::size_t ahead = resident_until_ - position_; ahead < lookahead; ++ahead) {
+    const Access& access = sequence_[(position_ + ahead) % size];
     const ChunkId chunk = access.chunk;
     if (access.on_host) {
       used_on_host_first.push_back(chunk);
+      all_resident_so_far = false;
       continue;
     }
-    if (lru_.resident(chunk) ||
-        std::ranges::find(used_on_host_first, chunk) != used_on_host_first.end()) {
+    if (lru_.resident(chunk)) {
+      if (all_resident_so_far) resident_until_ = position_ + ahead + 1;
       continue;
     }
+    all_resident_so_far = false;
+    if (std::ranges::find(used_on_host_first, chunk) != used_on_host_first.end()) continue;
     return Candidate{chunk, ahead};
   }
   return std::nullopt;
@@ -431,6 +472,11 @@ void PlannedPolicy::install_plan(std::vector<Access> sequence, std::vector<Spill
   ref_real_ns_ = now_ns_;
   uses_.clear();
   for (std::size_t i = 0; i < sequence_.size(); ++i) uses_[sequence_[i].chunk].push_back(i);
+  std::vector<std::uint64_t> high_waters;
+  high_waters.reserve(sequence_.size());
+  for (const Access& access : sequence_) high_waters.push_back(access.non_model_high_water);
+  high_waters_ = RangeMax(high_waters);
+  resident_from_ = resident_until_ = 0;
   phase_ = Phase::following;
   ++state_.plans_built;
 }

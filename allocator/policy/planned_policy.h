@@ -74,7 +74,8 @@
 //
 // Note [Planned prefetch]
 // While following, the policy names the first chunk of the coming accesses
-// (looking up to kPrefetchLookahead accesses ahead, into the next step) that
+// (looking up to kPrefetchLookahead accesses ahead, or a whole step when
+// prefetches are timed, into the next step) that
 // is not on the device and is next used there (not by acquire_host), and the
 // chunk manager starts fetching it at once, as early as the plan allows, so
 // that its copy overlaps the work before its use instead of stalling the
@@ -109,6 +110,41 @@
 // When the fetch starts: Note [Prefetch timed by op durations]
 // (prefetch_timing.h). With the traced step's times, timed_prefetch() holds a
 // fetch back while a later start still lands it before its use.
+//
+// Note [Room a prefetch takes early]
+// A fetch takes its room from when it starts to its use. If activations grow
+// in between past the room the device has left, the allocator spills a chunk
+// for them. When every other resident chunk is used before the incoming
+// one, Belady's victim for that spill is the incoming chunk itself: it is
+// evicted while its copy may still be in flight (the spill waits for it),
+// fetched again when room comes back, and evicted again at the next rise.
+// On the demo's GPT with spillway's Adam, a chunk used by the optimizer went
+// three times a step through that loop. So the traced step also records, at
+// each access, the most non-model bytes since the access before
+// (note_non_model_high_water, from the allocator's high-water mark), and a
+// timed fetch that must start now is held back while:
+//  - between now and its use, non-model bytes are traced to grow past
+//    today's (CopyClock::non_model_bytes) by more than the room the device
+//    would have left with the chunk in (CopyClock::room_bytes, in whole small
+//    slabs, since an activation that fits no cached fragment takes a new
+//    slab), and above their level at the use (the use's op needs that room
+//    anyway, so a later start avoids no spill there);
+//  - and the fetch has no victim of its own: Belady's choice at its use
+//    (Note [Planned prefetch]) is used before then. The room for the peak
+//    then comes from the chunks used before the incoming one, or from the
+//    incoming chunk itself, which a spill takes as soon as the others have
+//    had their last use before it.
+// It starts once the peak is behind it, or on use. Where the fetch has a
+// victim, that chunk leaves for the peak instead, as it would at the use,
+// and the fetch is not held: holding every fetch under a peak measured
+// worse on the demo's GPT with torch's Adam (docs/benchmarks.md,
+// bench_train): the stall doubled and the same bytes moved.
+// Timed fetches look a whole step ahead: the timing and this rule, not a
+// count of accesses, decide when each starts. The fixed window of 64
+// accesses started the copy of a chunk used after a dense backward 1.5 ms
+// before its use (11 ms of copy). The accesses known resident from the
+// current position on are remembered until an eviction, so looking ahead
+// costs little per access when everything ahead is on the device.
 #pragma once
 
 #include <cstddef>
@@ -119,14 +155,16 @@
 #include "allocator/policy/eviction_policy.h"
 #include "allocator/policy/lru_policy.h"
 #include "allocator/policy/period_detector.h"
+#include "allocator/policy/range_max.h"
 
 namespace spillway {
 
 class PlannedPolicy final : public EvictionPolicy {
  public:
   static constexpr std::size_t kMaxTracedAccesses = 1 << 22;
-  // How far ahead a prefetch looks (Note [Planned prefetch]): bounds the work
-  // per access; a chunk needed later than this is fetched by a later access.
+  // How far ahead an untimed prefetch looks (Note [Planned prefetch]); a
+  // chunk needed later than this is fetched by a later access. Timed ones
+  // look a whole step ahead (Note [Room a prefetch takes early]).
   static constexpr std::size_t kPrefetchLookahead = 64;
   // How far ahead a spill's victims are written back (Note [Write-backs
   // ahead of spills]): bounds the work per access (a ranking of the resident
@@ -151,6 +189,7 @@ class PlannedPolicy final : public EvictionPolicy {
   void on_step_end() override;
   void note_time(std::uint64_t now_ns) override { now_ns_ = now_ns; }
   void note_access_writes(bool writes) override { access_writes_ = writes; }
+  void note_non_model_high_water(std::uint64_t bytes) override { non_model_high_water_ = bytes; }
   void on_spill(std::size_t chunks) override;
   std::vector<ChunkId> spill_victims_ahead(const EvictionCandidates& candidates) const override;
   std::optional<ChunkId> prefetch_candidate() const override;
@@ -170,6 +209,7 @@ class PlannedPolicy final : public EvictionPolicy {
     bool on_host;           // acquire_host, not acquire: never prefetched
     std::uint64_t time_ns;  // note_time's clock; in sequence_, from the step's first access
     bool writes;            // note_access_writes
+    std::uint64_t non_model_high_water;  // Note [Room a prefetch takes early]
   };
   // Note [Write-backs ahead of spills]: an allocation that spilled in the
   // traced step, just before the access at `position`.
@@ -192,7 +232,15 @@ class PlannedPolicy final : public EvictionPolicy {
   // The first mark: steps are the program's from now on.
   void start_marked_steps();
   // Note [Planned prefetch]: the next chunk to bring in, if any.
-  std::optional<Candidate> next_prefetch() const;
+  std::optional<Candidate> next_prefetch(std::size_t lookahead) const;
+  // Note [Room a prefetch takes early]: whether non-model bytes are traced to
+  // grow past `now` (today's) and `room`, and past their level at the use,
+  // before the access `ahead` on.
+  bool crowded_before(std::size_t ahead, std::uint64_t now, std::uint64_t room) const;
+  // Whether Belady's victim at the access `ahead` on (the resident chunk
+  // next used farthest from there) is unused until then: a chunk that may
+  // leave early to make room (Note [Planned prefetch]).
+  bool victim_at_use(std::size_t ahead) const;
   // The clock's predicted time of the access at sequence index `index`
   // (past the end: the next repetition), from the latest access.
   std::uint64_t predicted_ns(std::size_t index) const;
@@ -262,6 +310,13 @@ class PlannedPolicy final : public EvictionPolicy {
   std::uint64_t step_ns_ = 0;        // the planned step's length; 0: not timed
   std::uint64_t ref_real_ns_ = 0;    // the latest access (or step end) on the clock
   std::uint64_t ref_traced_ns_ = 0;  // ... and in the planned step's time
+  // Note [Room a prefetch takes early].
+  std::uint64_t non_model_high_water_ = 0;  // the latest note_non_model_high_water
+  RangeMax high_waters_;                    // sequence_'s non_model_high_water
+  // Sequence indices [resident_from_, resident_until_) are device accesses
+  // of resident chunks (none on the host); reset by every eviction.
+  mutable std::size_t resident_from_ = 0;
+  mutable std::size_t resident_until_ = 0;
 };
 
 }  // namespace spillway

@@ -39,7 +39,11 @@
 // "child-result" line, which the parent reads.
 //
 //   bench_train [--steps N] [--warmup N] [--budget SIZE|auto] [--threads N] [--layers N]
-//               [--d-model N] [--batch N] [--seq N]
+//               [--d-model N] [--batch N] [--seq N] [--optimizer torch-adam|spillway-adam]
+//
+// --optimizer spillway-adam puts Adam's state in chunks too (the demo's
+// option): the budget then holds mostly model data, and the chunks on the
+// host are updated there.
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -459,9 +463,13 @@ int main(int argc, char** argv) {
   app.add_option("--d-model", options.trainer.model.d_model, "model width");
   app.add_option("--batch", options.trainer.batch, "sequences per step");
   app.add_option("--seq", options.trainer.model.sequence, "sequence length");
+  std::string optimizer = "torch-adam";
+  app.add_option("--optimizer", optimizer,
+                 "the demo's optimizer: torch-adam (the default) or spillway-adam");
   app.add_option("--child", child, "internal: POLICY BANDWIDTH TRACE, one run")->expected(3);
   CLI11_PARSE(app, argc, argv);
   try {
+    options.trainer.optimizer = spillway::train_demo::parse_optimizer(optimizer);
     if (!child.empty()) return run_child(options, child[0], std::stod(child[1]), child[2]);
     return run_parent(options, base_args);
   } catch (const std::exception& e) {

@@ -78,6 +78,25 @@ TEST(CachingAllocatorOwners, AllocatedBytesSplitIntoModelAndNonModel) {
                          "num_spills_for_allocation", "num_budget_overruns", "min_budget_bytes"}));
 }
 
+// Note [Room a prefetch takes early] (planned_policy.h): the most non-model
+// bytes since the last take, model blocks aside; each take starts the next
+// mark at the bytes allocated then.
+TEST(CachingAllocatorOwners, TheNonModelHighWaterMarkIsTheMostSinceTheLastTake) {
+  SimDevice device(sim_options(256 * MiB));
+  CachingAllocator allocator(device, allocator_options(64 * MiB, 8 * MiB));
+  EXPECT_EQ(allocator.take_non_model_high_water(), 0u);
+  void* chunk = allocate_model(allocator, 8 * MiB);
+  void* kept = allocate_ok(allocator, 1 * MiB);
+  void* peak = allocate_ok(allocator, 3 * MiB);
+  ASSERT_EQ(allocator.deallocate(peak), Status::ok);
+  EXPECT_EQ(allocator.take_non_model_high_water(), 4 * MiB) << "the freed block counted";
+  EXPECT_EQ(allocator.take_non_model_high_water(), 1 * MiB) << "from the bytes at the take";
+  ASSERT_EQ(allocator.deallocate(chunk), Status::ok);
+  ASSERT_EQ(allocator.deallocate(kept), Status::ok);
+  EXPECT_EQ(allocator.take_non_model_high_water(), 1 * MiB) << "freed after the take";
+  EXPECT_EQ(allocator.take_non_model_high_water(), 0u);
+}
+
 TEST(CachingAllocatorOwners, OnlyAFailureReturnedToACallerIsAnOutOfMemory) {
   SimDevice device(sim_options(256 * MiB));
   RecordingTraceSink trace;

@@ -3,12 +3,15 @@
 // points a traced step's op durations and a copy bandwidth give, held back
 // until the latest start, queued behind earlier fetches, and today's
 // start-at-once when durations or bandwidth are unknown; with activations
-// sharing the device, a fetch that would force an extra spill waits; in the
-// chunk manager on the simulated device, the stalls it expects and measures.
+// sharing the device, a fetch that would force an extra spill waits, and one
+// that a traced rise of activations would spill waits until the rise is
+// behind it (Note [Room a prefetch takes early]); in the chunk manager on the
+// simulated device, the stalls it expects and measures.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -63,7 +66,13 @@ struct FakeClock final : CopyClock {
   std::optional<std::uint64_t> copy;  // every chunk's; nullopt: bandwidth unknown
   std::uint64_t now_ns() const override { return now; }
   std::uint64_t fetch_stream_free_at_ns() const override { return free_at; }
+  bool copies_modelled() const override { return copy.has_value(); }
   std::optional<std::uint64_t> fetch_ns(ChunkId) const override { return copy; }
+  // Note [Room a prefetch takes early]: unlimited unless the test says.
+  std::uint64_t room = std::numeric_limits<std::uint64_t>::max();
+  std::uint64_t room_bytes(ChunkId) const override { return room; }
+  std::uint64_t non_model = 0;
+  std::uint64_t non_model_bytes() const override { return non_model; }
 };
 
 // Where each prefetch started: -1 at the step's end before the step, i after
@@ -195,6 +204,63 @@ TEST(PlannedPolicyTiming, TheNextStepIsPredictedFromTheTracedStepLength) {
   EXPECT_EQ(points.started_after.at(1), -1) << "access 0 is now: no later point before 1";
 }
 
+// Traces `sequence` (access i at i ms) with the non-model bytes at each
+// access (also their most since the access before), then follows the next
+// step the same way with `absent` off the device, and returns where their
+// prefetches started (Note [Room a prefetch takes early]).
+StartPoints follow_with_non_model(PlannedPolicy& policy, FakeClock& clock,
+                                  const std::vector<int>& sequence,
+                                  const std::vector<std::uint64_t>& non_model,
+                                  const std::set<int>& absent) {
+  auto access_at = [&](std::size_t i, std::uint64_t time) {
+    clock.now = time;
+    policy.note_time(time);
+    policy.note_non_model_high_water(non_model[i]);
+    clock.non_model = non_model[i];
+    policy.on_access(chunk(sequence[i]));
+  };
+  for (int id : sequence) policy.on_resident(chunk(id));
+  for (std::size_t i = 0; i < sequence.size(); ++i) access_at(i, i * kMs);
+  clock.now = sequence.size() * kMs;
+  policy.note_time(clock.now);
+  policy.on_step_end();
+  for (int id : absent) policy.on_evicted(chunk(id));
+  StartPoints points;
+  const std::uint64_t step_start = clock.now;
+  start_prefetches(policy, clock, -1, points);
+  for (std::size_t i = 0; i < sequence.size(); ++i) {
+    access_at(i, step_start + i * kMs);
+    start_prefetches(policy, clock, static_cast<int>(i), points);
+  }
+  return points;
+}
+
+TEST(PlannedPolicyTiming, AFetchWithNoVictimOfItsOwnWaitsPastATracedPeak) {
+  // Chunk 3 is absent; the device has 1 byte left beside it.
+  const auto start_of_3 = [&](const std::vector<int>& sequence,
+                              const std::vector<std::uint64_t>& non_model, std::uint64_t copy_ns) {
+    PlannedPolicy policy(1);
+    FakeClock clock;
+    clock.copy = copy_ns;
+    clock.room = 1;
+    return follow_with_non_model(policy, clock, sequence, non_model, {3}).started_after.at(3);
+  };
+  // Used at 6 ms, its 5 ms copy must start at the step's start; activations
+  // peak at 2 bytes at access 4. Chunks 0, 1 and 2 are all used before it.
+  const std::vector<int> sequence = {0, 1, 2, 0, 1, 2, 3};
+  const std::vector<std::uint64_t> peak = {0, 0, 0, 0, 2, 0, 0};
+  EXPECT_EQ(start_of_3(sequence, peak, 5 * kMs), 4) << "held until the peak is behind it";
+  EXPECT_EQ(start_of_3(sequence, {0, 0, 0, 0, 0, 0, 0}, 5 * kMs), -1) << "no peak";
+  EXPECT_EQ(start_of_3(sequence, {0, 0, 0, 0, 2, 0, 2}, 5 * kMs), -1)
+      << "its own op needs as much: a later start avoids no spill";
+  // Used at 4 ms, a 1.5 ms copy must start after access 2; a peak at access 3.
+  const std::vector<std::uint64_t> late_peak = {0, 0, 0, 2, 0};
+  EXPECT_EQ(start_of_3({0, 1, 2, 0, 3}, late_peak, 1500 * 1000), 2)
+      << "chunk 2, Belady's choice at its use, is not used before: it leaves for the peak";
+  EXPECT_EQ(start_of_3({0, 1, 2, 2, 3}, late_peak, 1500 * 1000), 3)
+      << "chunk 2 is used before it: no victim of its own";
+}
+
 // A device of `slots` chunk-sized slots shared by chunks and activations,
 // driven the way the chunk manager drives the policy: a missing chunk is
 // fetched on use; after each access (chunk in use) and its release, the
@@ -203,8 +269,9 @@ TEST(PlannedPolicyTiming, TheNextStepIsPredictedFromTheTracedStepLength) {
 // choose_victim's chunk (num_spills_for_allocation).
 class SlotDevice final : public EvictionCandidates {
  public:
-  SlotDevice(PlannedPolicy& policy, FakeClock& clock, std::size_t slots)
-      : policy_(policy), clock_(clock), slots_(slots) {}
+  SlotDevice(PlannedPolicy& policy, FakeClock& clock, std::size_t slots,
+             bool tells_non_model = true)
+      : policy_(policy), clock_(clock), slots_(slots), tells_non_model_(tells_non_model) {}
   bool evictable(ChunkId id) const override {
     return resident_.count(id) != 0 && (!in_use_ || *in_use_ != id);
   }
@@ -215,6 +282,9 @@ class SlotDevice final : public EvictionCandidates {
   void access(int id, std::uint64_t time) {
     clock_.now = time;
     policy_.note_time(time);
+    // Note [Room a prefetch takes early]: an activation is a slot's bytes.
+    if (tells_non_model_) policy_.note_non_model_high_water(high_water_);
+    high_water_ = activations_;
     in_use_ = chunk(id);
     if (resident_.count(chunk(id)) == 0) {
       if (used() == slots_) evict(*policy_.choose_victim(*this));
@@ -233,6 +303,7 @@ class SlotDevice final : public EvictionCandidates {
       ++spills;
     }
     ++activations_;
+    high_water_ = std::max(high_water_, activations_);
   }
   void free_activation() {
     --activations_;
@@ -260,6 +331,9 @@ class SlotDevice final : public EvictionCandidates {
     if (clock_.copy) clock_.free_at = std::max(clock_.free_at, clock_.now) + *clock_.copy;
   }
   void prefetch() {
+    // The room an incoming chunk leaves (the chunk manager's room_bytes).
+    clock_.room = used() < slots_ ? slots_ - used() - 1 : 0;
+    clock_.non_model = activations_;
     while (const std::optional<PlannedFetch> next = policy_.timed_prefetch(clock_)) {
       if (used() == slots_) {
         const std::optional<ChunkId> victim =
@@ -268,6 +342,7 @@ class SlotDevice final : public EvictionCandidates {
         evict(*victim);
       }
       fetch(next->chunk);
+      clock_.room = used() < slots_ ? slots_ - used() - 1 : 0;
     }
   }
 
@@ -277,6 +352,8 @@ class SlotDevice final : public EvictionCandidates {
   std::set<ChunkId> resident_;
   std::optional<ChunkId> in_use_;
   std::size_t activations_ = 0;
+  std::size_t high_water_ = 0;  // activations since the access before
+  bool tells_non_model_;
 };
 
 struct SpillRun {
@@ -284,31 +361,39 @@ struct SpillRun {
   int spills = 0;
 };
 
+// Six steps of `step` (chunk ids, one 1 ms op each) on the device, with
+// `per_rise` activations alive over each op in `rises`; the counts after
+// the traced step.
+SpillRun run_steps(SlotDevice& device, const std::vector<int>& step,
+                   const std::set<std::size_t>& rises, int per_rise) {
+  SpillRun counted;
+  std::uint64_t start = 0;
+  for (int index = 0; index < 6; ++index) {
+    if (index == 1) counted = {device.fetches, device.spills};
+    for (std::size_t op = 0; op < step.size(); ++op) {
+      const bool rises_here = rises.contains(op);
+      for (int i = 0; rises_here && i < per_rise; ++i) device.allocate_activation();
+      device.access(step[op], start + op * kMs);
+      for (int i = 0; rises_here && i < per_rise; ++i) device.free_activation();
+    }
+    start += step.size() * kMs;
+    device.end_step(start);
+  }
+  return {device.fetches - counted.fetches, device.spills - counted.spills};
+}
+
 // Chunks 0..4 used one per 1 ms op on 5 slots, an activation alive over op
 // 1 and another over op 3. The first spills chunk 0 (next used in the next
 // step). Fetched back as soon as the first activation is gone, it fills the
 // slot the second one needs, which spills chunk 2 (fetched again later);
 // fetched back when its use nears, after the second, it spills nothing.
-// Counts after the traced step.
 SpillRun run_with_activations(std::optional<std::uint64_t> copy_ns) {
   PlannedPolicy policy(1);
   FakeClock clock;
   clock.copy = copy_ns;
   SlotDevice device(policy, clock, 5);
   for (int id = 0; id < 5; ++id) device.place(id);
-  SpillRun counted;
-  std::uint64_t start = 0;
-  for (int step = 0; step < 6; ++step) {
-    if (step == 1) counted = {device.fetches, device.spills};
-    for (int id = 0; id < 5; ++id) {
-      if (id == 1 || id == 3) device.allocate_activation();
-      device.access(id, start + static_cast<std::uint64_t>(id) * kMs);
-      if (id == 1 || id == 3) device.free_activation();
-    }
-    start += 5 * kMs;
-    device.end_step(start);
-  }
-  return {device.fetches - counted.fetches, device.spills - counted.spills};
+  return run_steps(device, {0, 1, 2, 3, 4}, {1, 3}, 1);
 }
 
 TEST(PlannedPolicyTiming, AFetchThatWouldForceAnExtraSpillWaits) {
@@ -324,6 +409,36 @@ TEST(PlannedPolicyTiming, AFetchThatWouldForceAnExtraSpillWaits) {
   EXPECT_EQ(timed.fetches, 5);
   EXPECT_EQ(untimed.spills, 10);
   EXPECT_EQ(untimed.fetches, 10);
+}
+
+// Chunks 0, 1 and 2 used twice, then chunk 3, one 1 ms op each, on 5 slots;
+// two activations alive over the second op and again over the fifth. Each
+// first rise spills chunk 3 (used last). Its copy (5 ms) must then start at
+// once to land in time.
+SpillRun run_with_rising_activations(bool tells_non_model) {
+  PlannedPolicy policy(1);
+  FakeClock clock;
+  clock.copy = 5 * kMs;
+  SlotDevice device(policy, clock, 5, tells_non_model);
+  for (int id = 0; id < 4; ++id) device.place(id);
+  return run_steps(device, {0, 1, 2, 0, 1, 2, 3}, {1, 4}, 2);
+}
+
+TEST(PlannedPolicyTiming, AFetchThatActivationsWouldSpillWaitsUntilTheirPeakIsBehindIt) {
+  const SpillRun blind = run_with_rising_activations(false);
+  const SpillRun told = run_with_rising_activations(true);
+  std::printf(
+      "chunk 3 under two rises of activations, 5 steps: without non-model bytes %d fetches, "
+      "%d spills; with them %d fetches, %d spills\n",
+      blind.fetches, blind.spills, told.fetches, told.spills);
+  // Blind, chunk 3 comes back as soon as the first rise is gone, and takes
+  // the room the second rise needs: that spills chunk 0 (the farthest then),
+  // fetched again after it. Told, chunk 3 waits until the second rise is
+  // behind it: one spill (chunk 3, by the first rise) and one fetch a step.
+  EXPECT_EQ(blind.fetches, 10);
+  EXPECT_EQ(blind.spills, 10);
+  EXPECT_EQ(told.fetches, 5);
+  EXPECT_EQ(told.spills, 5);
 }
 
 // In the chunk manager on the simulated device (sim_bandwidth): copies too
