@@ -426,6 +426,16 @@ std::size_t ChunkManager::effective_budget_locked() const {
   return std::min(device_budget_bytes_, allocator_.budget_bytes());
 }
 
+// Note [A chunk without bytes is zeroed on the device]
+// A chunk with bytes nowhere (never written, or every tensor in it
+// discarded) reads as zeros. Its fetch sets the device copy to zero on the
+// fetch stream instead of copying a zeroed host copy over the link: it moves
+// no bytes (bytes_moved_h2d and its chunk_fetch's size are 0, and the copy
+// model gives it no link time), and no host copy is made until an eviction
+// writes the device copy back. Gradients set to none are discarded (Note [A
+// gradient set to none is not fetched] in hooks/torch/dead_gradients.cc), so
+// a backward after a set-to-none zero_grad fills its grad chunks this way
+// instead of fetching the last step's gradients only to overwrite them.
 Status ChunkManager::fetch_locked(Chunk& chunk, FetchReason reason, const TensorRecord* wanted_by,
                                   OverBudget over_budget) {
   const bool is_prefetch = reason != FetchReason::use;
@@ -449,19 +459,19 @@ Status ChunkManager::fetch_locked(Chunk& chunk, FetchReason reason, const Tensor
       status != Status::ok) {
     return status;
   }
-  if (chunk.location() == Location::none) {
-    if (Status status = materialize_locked(chunk); status != Status::ok) {
-      allocator_.deallocate(data);
-      return status;
-    }
-  }
-  if (Status status = mover_.fetch(chunk.moves, data, device_copy_bytes(chunk), chunk.host.data,
-                                   chunk.used_bytes);
-      status != Status::ok) {
+  // Note [A chunk without bytes is zeroed on the device]
+  const bool zero_fill = chunk.location() == Location::none;
+  const Status moved =
+      zero_fill ? mover_.zero_fill(chunk.moves, data, device_copy_bytes(chunk), chunk.used_bytes)
+                : mover_.fetch(chunk.moves, data, device_copy_bytes(chunk), chunk.host.data,
+                               chunk.used_bytes);
+  if (moved != Status::ok) {
     allocator_.deallocate(data);
-    return fail(status, fmt::format("fetch of {}: {}", chunk_label_locked(chunk),
-                                    ChunkMover::last_error()));
+    return fail(
+        moved, fmt::format("fetch of {}: {}", chunk_label_locked(chunk), ChunkMover::last_error()));
   }
+  const std::size_t copied_bytes = zero_fill ? 0 : chunk.used_bytes;
+  if (zero_fill) chunk.sealed = true;  // Note [Sealed chunks] in chunk_layout.cc
   const std::uint64_t arrives_in_ns = note_fetch_queued_locked(chunk, device_.now_ns());
   // A fetch on use stalls its access until it arrives (the copy model's view).
   if (reason == FetchReason::use) note_expected_stall_locked(chunk, arrives_in_ns);
@@ -471,11 +481,11 @@ Status ChunkManager::fetch_locked(Chunk& chunk, FetchReason reason, const Tensor
   policy_->on_resident(chunk.id);
   count_locked(chunk, [&](ChunkStats& s) {
     s.chunk_bytes_device += static_cast<std::int64_t>(device_copy_bytes(chunk));
-    s.bytes_moved_h2d += static_cast<std::int64_t>(chunk.used_bytes);
+    s.bytes_moved_h2d += static_cast<std::int64_t>(copied_bytes);
     ++s.fetches;
     if (is_prefetch) ++s.prefetches;
   });
-  trace_chunk_locked(TraceEventKind::chunk_fetch, chunk, chunk.used_bytes,
+  trace_chunk_locked(TraceEventKind::chunk_fetch, chunk, copied_bytes,
                      is_prefetch ? kTraceDetailPrefetch : 0);
   notify_locked(chunk);
   return Status::ok;
@@ -627,6 +637,8 @@ std::uint64_t ChunkManager::policy_time_locked(std::uint64_t device_ns) const {
 
 std::optional<std::uint64_t> ChunkManager::fetch_ns_locked(const Chunk& chunk) const {
   if (options_.copy_bytes_per_s <= 0) return std::nullopt;
+  // Note [A chunk without bytes is zeroed on the device]: no copy.
+  if (chunk.location() == Location::none) return 0;
   return static_cast<std::uint64_t>(static_cast<double>(chunk.used_bytes) * 1e9 /
                                     options_.copy_bytes_per_s);
 }
@@ -715,8 +727,8 @@ void ChunkManager::drop_device_copy_locked(Chunk& chunk, std::uint16_t trace_det
   trace_chunk_locked(TraceEventKind::chunk_drop, chunk, device_copy_bytes(chunk), trace_detail);
 }
 
-// A chunk that never had bytes gets a zeroed host copy: the source of its
-// first fetch, or what acquire_host hands out.
+// A chunk with bytes nowhere gets a zeroed host copy for a host access
+// (acquire_host, relayout); a fetch zeroes the device copy instead.
 Status ChunkManager::materialize_locked(Chunk& chunk) {
   if (Status status = ensure_host_copy_allocated_locked(chunk); status != Status::ok) {
     return status;

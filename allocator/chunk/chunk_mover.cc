@@ -97,6 +97,19 @@ Status ChunkMover::fetch(PayloadMoves& moves, void* device_data, std::size_t blo
   return Status::ok;
 }
 
+Status ChunkMover::zero_fill(PayloadMoves& moves, void* device_data, std::size_t block_bytes,
+                             std::size_t bytes) {
+  if (Status status = ensure_events(moves); status != Status::ok) return status;
+  wait_for_reuse_fences(device_data, block_bytes);
+  if (Status status = device_.fill_zero_async(device_data, bytes, fetch_stream_);
+      status != Status::ok) {
+    return fail(status, fmt::format("the zero fill failed: {}", device_.last_error()));
+  }
+  device_.record_event(moves.fetched, fetch_stream_);
+  moves.fetch_pending = true;
+  return Status::ok;
+}
+
 Status ChunkMover::write_back(PayloadMoves& moves, void* host_data, const void* device_data,
                               std::size_t bytes) {
   if (Status status = ensure_events(moves); status != Status::ok) return status;

@@ -78,6 +78,12 @@ class ChunkMover {
   // that block and after the write-back that produced the host copy.
   Status fetch(PayloadMoves& moves, void* device_data, std::size_t block_bytes,
                const void* host_data, std::size_t bytes);
+  // The fetch of a payload that has no bytes anywhere (Note [A chunk without
+  // bytes is zeroed on the device] in chunk_manager.cc): `bytes` of
+  // `device_data` set to zero on fetch_stream(), after the block's reuse
+  // fences, and waited for as a fetch is.
+  Status zero_fill(PayloadMoves& moves, void* device_data, std::size_t block_bytes,
+                   std::size_t bytes);
   // Queues the copy of `bytes` from `device_data` to `host_data`: after every
   // release of the device copy and after its fetch. The host copy is current
   // once the write-back completes (wait_for_moves, or written_back waited on).

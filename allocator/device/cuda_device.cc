@@ -403,6 +403,11 @@ Status CudaDevice::do_copy_async(void* dst, const void* src, std::size_t bytes, 
                "cudaMemcpyAsync", ordinal_, bytes);
 }
 
+Status CudaDevice::do_fill_zero_async(void* dst, std::size_t bytes, Stream stream) {
+  SPILLWAY_MAKE_CURRENT_OR_RETURN(ordinal_);
+  return check(cudaMemsetAsync(dst, 0, bytes, to_cuda(stream)), "cudaMemsetAsync", ordinal_, bytes);
+}
+
 Status CudaDevice::do_launch_host_function(Stream stream, HostFunction fn, void* user_data) {
   if (fn == nullptr) return invalid_argument("launch_host_function: null function");
   SPILLWAY_MAKE_CURRENT_OR_RETURN(ordinal_);

@@ -108,6 +108,11 @@ class Device {
   Status copy_async(void* dst, const void* src, std::size_t bytes, Stream stream) {
     return do_copy_async(dst, src, bytes, stream);
   }
+  // Sets `bytes` of device memory at dst to zero in stream order, on the
+  // device: nothing crosses the host link. Returns once it is queued.
+  Status fill_zero_async(void* dst, std::size_t bytes, Stream stream) {
+    return do_fill_zero_async(dst, bytes, stream);
+  }
   // Runs fn(user_data) in stream order, on a thread of the backend's choosing.
   // fn must not call the Device (CUDA forbids it), and host functions on
   // different streams may run one at a time (CUDA may serialise them).
@@ -153,6 +158,7 @@ class Device {
   virtual Status do_host_malloc(void** ptr, std::size_t bytes) = 0;
   virtual Status do_host_free(void* ptr) = 0;
   virtual Status do_copy_async(void* dst, const void* src, std::size_t bytes, Stream stream) = 0;
+  virtual Status do_fill_zero_async(void* dst, std::size_t bytes, Stream stream) = 0;
   virtual Status do_launch_host_function(Stream stream, HostFunction fn, void* user_data) = 0;
   virtual Status do_create_stream(Stream* stream) = 0;
   virtual Status do_destroy_stream(Stream stream) = 0;

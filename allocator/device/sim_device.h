@@ -84,6 +84,7 @@ class SimDevice final : public Device {
   Status do_host_malloc(void** ptr, std::size_t bytes) override;
   Status do_host_free(void* ptr) override;
   Status do_copy_async(void* dst, const void* src, std::size_t bytes, Stream stream) override;
+  Status do_fill_zero_async(void* dst, std::size_t bytes, Stream stream) override;
   Status do_launch_host_function(Stream stream, HostFunction fn, void* user_data) override;
   Status do_create_stream(Stream* stream) override;
   Status do_destroy_stream(Stream stream) override;

@@ -201,6 +201,15 @@ void stop_rebinding_after_accumulation(ManagedParam& managed);
 // zero_grad, then backward), copies it into the grad chunk and binds the
 // chunk tensor again. Cheap when nothing changed.
 void rebind_grad_if_replaced(ChunkManager& chunks, ManagedParam& managed);
+// Note [A gradient set to none is not fetched] (dead_gradients.cc): the
+// gradient's chunk tensor is discarded when param.grad is no longer it and
+// nothing but the bridge holds it; true when it was. Under
+// managed.grad_mutex.
+bool discard_gradient_if_dead_locked(ChunkManager& chunks, ManagedParam& managed);
+// The same for every managed parameter.
+void discard_dead_gradients(ChunkManager& chunks);
+// discard_dead_gradients, at most once between two step boundaries.
+void discard_dead_gradients_once_per_step(ChunkManager& chunks);
 // Note [A parameter unfrozen after manage()] (manage.cc): a parameter frozen
 // when managed that requires grad now gets its grad chunk, bound, and the
 // hook on its gradient accumulator. Cheap when there is nothing to do.

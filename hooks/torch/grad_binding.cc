@@ -112,6 +112,15 @@ void bind_grad(ChunkManager& chunks, ManagedParam& managed) {
 
 namespace {
 
+// Autograd gave param.grad a tensor of its own (Note [Set-to-none zero_grad]).
+bool gradient_is_fresh(ManagedParam& managed) {
+  std::lock_guard lock(managed.grad_mutex);
+  const at::Tensor& grad = managed.param.grad();
+  return managed.bound_grad.defined() && grad.defined() &&
+         (!grad.has_storage() ||
+          grad.storage().unsafeGetStorageImpl() != managed.bound_grad_storage);
+}
+
 class RebindAfterAccumulation final : public torch::autograd::FunctionPostHook {
  public:
   explicit RebindAfterAccumulation(std::weak_ptr<ManagedParam> managed)
@@ -124,7 +133,9 @@ class RebindAfterAccumulation final : public torch::autograd::FunctionPostHook {
         check_not_accumulating_onto_reduced(*managed);
       }
       managed->gradient_unreduced.store(true, std::memory_order_release);
-      rebind_grad_if_replaced(active_chunk_manager(), *managed);
+      ChunkManager& chunks = active_chunk_manager();
+      if (gradient_is_fresh(*managed)) discard_dead_gradients_once_per_step(chunks);
+      rebind_grad_if_replaced(chunks, *managed);
       reduce_as_backward_completes(*managed);
     }
     return outputs;
@@ -161,6 +172,7 @@ void rebind_grad_if_replaced(ChunkManager& chunks, ManagedParam& managed) {
   if (current.sizes() != managed.bound_grad.sizes() ||
       current.scalar_type() != managed.bound_grad.scalar_type() || current.is_sparse())
     return;  // not a gradient the chunk can hold: left as it is
+  discard_gradient_if_dead_locked(chunks, managed);  // Note [A gradient set to none is not fetched]
   copy_into_bound_grad(chunks, managed, current);
   managed.param.mutable_grad() = managed.bound_grad;
 }

@@ -320,6 +320,9 @@ void step() {
       }
       torch_bridge::rebind_grad_if_replaced(chunks, *managed);
     }
+    // Note [A gradient set to none is not fetched]: a loop that zeroed them
+    // after its optimizer step.
+    torch_bridge::discard_dead_gradients(chunks);
   }
   // Note [Data parallel over chunk groups]: after the owners' optimizer step.
   if (!binding_table().empty())

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "allocator/runtime.h"
 #include "hooks/torch/op_gpu_timing.h"
 #include "hooks/torch/spillway_torch.h"
 #include "tracer/trace_file.h"
@@ -117,6 +118,42 @@ TEST(TorchOpTrace, ManagedModelOpsArePairedAndNamed) {
   EXPECT_NE(stats["op_timing"]["reason"].get<std::string>().find("sim device"), std::string::npos)
       << stats["op_timing"].dump();
   EXPECT_EQ(stats["op_timing"]["kernels"], 0);
+
+  // Note [A gradient set to none is not fetched]: the loop's zero_grad sets
+  // the gradients to none, so in every step each grad chunk written comes
+  // back for the backward zeroed on the device (a chunk_fetch of 0 bytes),
+  // not with the last step's gradients. (Its writes include zero_grad's
+  // detach_, before the backward.)
+  spillway::ChunkManager& chunks = spillway::Runtime::process().chunk_manager();
+  const auto is_grad_chunk = [&](std::uint64_t id) {
+    const auto info = chunks.chunk_info(spillway::ChunkId{static_cast<std::uint32_t>(id)});
+    return info && info->kind == spillway::TensorKind::grad;
+  };
+  std::set<std::uint64_t> zeroed, written;  // grad chunks, this step
+  int grad_chunk_steps = 0;
+  int step_number = 0;
+  const auto check_step = [&] {
+    ++step_number;
+    for (const std::uint64_t chunk : written) {
+      ++grad_chunk_steps;
+      EXPECT_TRUE(zeroed.contains(chunk)) << "grad chunk " << chunk << " was written in step "
+                                          << step_number << " and never zeroed on the device in it";
+    }
+    zeroed.clear();
+    written.clear();
+  };
+  for (const TraceEvent& e : trace.events) {
+    if (e.kind == TraceEventKind::step) {
+      check_step();
+    } else if (e.kind == TraceEventKind::chunk_fetch && e.size == 0 && is_grad_chunk(e.address)) {
+      zeroed.insert(e.address);
+    } else if (e.kind == TraceEventKind::chunk_access &&
+               e.detail == spillway::kTraceDetailReadWrite && is_grad_chunk(e.address)) {
+      written.insert(e.address);
+    }
+  }
+  check_step();
+  EXPECT_GE(grad_chunk_steps, kSteps);
 }
 
 // Note [One warning]: the hooks log CUPTI's fallback once per process,

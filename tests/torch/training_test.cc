@@ -6,6 +6,7 @@
 // the stats must show that chunks moved.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdint>
@@ -156,9 +157,10 @@ ModelUnderTest make_tiny_transformer() {
 }
 
 // When and how gradients are cleared: optimizer.zero_grad() before each step
-// (torch's default, set to none), by hand to none, or zero_grad() after each
-// step, so the first backward meets whatever gradient manage() left.
-enum class ZeroGrad { in_place, set_to_none, after_step };
+// (torch's default, set to none), by hand to none, zero_grad() after each
+// step, so the first backward meets whatever gradient manage() left, or
+// zero_grad(set_to_none=false) before each step (zeros, kept).
+enum class ZeroGrad { in_place, set_to_none, after_step, to_zeros };
 
 struct TrainingSetup {
   std::function<ModelUnderTest()> make_model = make_mlp;
@@ -190,6 +192,9 @@ struct TrainingSetup {
   int save_after = -1;
   int load_after = -1;
   std::string checkpoint_dir;
+  // Managed runs: the first parameter's gradient tensor is held from the
+  // optimizer step through the next backward, as `g = p.grad` would.
+  bool hold_first_gradient = false;
 };
 
 std::string checkpoint_path(const std::string& dir, const std::string& what) {
@@ -209,7 +214,32 @@ struct TrainingResult {
   // the end (set_data's new data included).
   std::vector<bool> params_in_chunks;
   std::uint64_t evictions_before_load = 0;  // managed runs that load
+  // Managed runs, after each step: whether every gradient in grad chunks
+  // reads as zeros (Note [A gradient set to none is not fetched]).
+  std::vector<bool> gradients_zero_after_step;
+  // hold_first_gradient: whether the held gradient kept its values through
+  // each zero_grad and step boundary.
+  bool held_gradient_kept = true;
 };
+
+// Whether every gradient in grad chunks reads as zeros (read on the host).
+bool gradients_in_chunks_read_as_zeros() {
+  spillway::ChunkManager& chunks = spillway::Runtime::process().chunk_manager();
+  bool zeros = true;
+  for (std::uint32_t client = 0; client < 64; ++client)
+    for (const spillway::TensorId id : chunks.tensors_of(spillway::ClientId{client})) {
+      const auto info = chunks.tensor_info(id);
+      if (!info || info->kind != spillway::TensorKind::grad) continue;
+      void* data = nullptr;
+      EXPECT_EQ(chunks.acquire_host(id, &data, spillway::AccessMode::read), spillway::Status::ok)
+          << spillway::ChunkManager::last_error();
+      const auto* bytes = static_cast<const unsigned char*>(data);
+      zeros =
+          zeros && std::all_of(bytes, bytes + info->bytes, [](unsigned char b) { return b == 0; });
+      EXPECT_EQ(chunks.release_host(id), spillway::Status::ok);
+    }
+  return zeros;
+}
 
 std::uint64_t stat(const std::string& key) {
   const nlohmann::json stats = nlohmann::json::parse(spillway::memory_stats_json());
@@ -256,6 +286,8 @@ class Training {
       optimizer_->zero_grad();
     } else if (setup_.zero_grad == ZeroGrad::set_to_none) {
       for (torch::Tensor& param : model_.module->parameters()) param.mutable_grad().reset();
+    } else if (setup_.zero_grad == ZeroGrad::to_zeros) {
+      optimizer_->zero_grad(/*set_to_none=*/false);
     }
     torch::Tensor step_loss = torch::zeros({});
     for (int micro = 0; micro < setup_.micro_batches; ++micro) {
@@ -264,7 +296,17 @@ class Training {
       loss.backward();
       step_loss = step_loss + loss.detach();
     }
+    held_gradient_.reset();  // `g` goes once the backward has run
     optimizer_->step();
+    if (managed_ && setup_.hold_first_gradient) {
+      const torch::Tensor grad = model_.module->parameters().front().grad();
+      torch::Tensor values;
+      {
+        spillway::torch_bridge::HostWorkScope off_budget;  // the copy takes no device room
+        values = grad.clone();
+      }
+      held_gradient_.emplace(grad, std::move(values));
+    }
     if (setup_.zero_grad == ZeroGrad::after_step) optimizer_->zero_grad();
     if (step == setup_.set_data_after) {
       torch::Tensor first = model_.module->parameters().front();
@@ -293,6 +335,9 @@ class Training {
     if (managed_) {
       if (setup_.mark_steps) spillway::step();
       result_.bytes_fetched_after_step.push_back(stat("bytes_moved.h2d"));
+      result_.gradients_zero_after_step.push_back(gradients_in_chunks_read_as_zeros());
+      if (held_gradient_ && !torch::equal(held_gradient_->first, held_gradient_->second))
+        result_.held_gradient_kept = false;
       // Each gradient as first bound into its chunk, after the first step
       // that reached its parameter.
       const std::vector<torch::Tensor> params = model_.module->parameters();
@@ -350,6 +395,8 @@ class Training {
   bool managed_;
   ModelUnderTest model_;
   std::vector<const c10::StorageImpl*> bound_grads_;
+  // hold_first_gradient: the gradient tensor held, and its values then.
+  std::optional<std::pair<torch::Tensor, torch::Tensor>> held_gradient_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   torch::Tensor inputs_;
   torch::Tensor targets_;
@@ -438,6 +485,40 @@ TEST(TorchBridgeTraining, MlpWithSgdMomentumIsBitIdentical) {
 TEST(TorchBridgeTraining, SetToNoneZeroGradIsBitIdentical) {
   TrainingSetup setup = adam_setup();
   setup.zero_grad = ZeroGrad::set_to_none;
+  expect_bit_identical(setup);
+}
+
+// Note [A gradient set to none is not fetched]: zeroed after the optimizer
+// step, every gradient is discarded at spillway::step(), so its chunk reads
+// as zeros (nothing of the last step's gradients is kept or fetched).
+TEST(TorchBridgeTraining, GradientsSetToNoneAfterTheStepAreDiscardedThere) {
+  TrainingSetup setup = adam_setup();
+  setup.zero_grad = ZeroGrad::after_step;
+  const TrainingResult plain = train(setup, /*managed=*/false);
+  const TrainingResult spilled = train(setup, /*managed=*/true);
+  expect_same_results(plain, spilled);
+  for (std::size_t step = 0; step < spilled.gradients_zero_after_step.size(); ++step)
+    EXPECT_TRUE(spilled.gradients_zero_after_step[step]) << "step " << step;
+}
+
+// A gradient someone holds is not discarded: its values stay.
+TEST(TorchBridgeTraining, AGradientSomeoneHoldsKeepsItsBytesThroughZeroGrad) {
+  TrainingSetup setup = adam_setup();
+  setup.zero_grad = ZeroGrad::after_step;
+  setup.hold_first_gradient = true;
+  const TrainingResult plain = train(setup, /*managed=*/false);
+  const TrainingResult spilled = train(setup, /*managed=*/true);
+  expect_same_results(plain, spilled);
+  EXPECT_TRUE(spilled.held_gradient_kept);
+  for (std::size_t step = 0; step < spilled.gradients_zero_after_step.size(); ++step)
+    EXPECT_FALSE(spilled.gradients_zero_after_step[step]) << "step " << step;
+}
+
+// zero_grad(set_to_none=false): the gradients stay, as zeros the backward
+// adds into.
+TEST(TorchBridgeTraining, ZeroGradToZerosIsBitIdentical) {
+  TrainingSetup setup = adam_setup();
+  setup.zero_grad = ZeroGrad::to_zeros;
   expect_bit_identical(setup);
 }
 

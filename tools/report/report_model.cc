@@ -104,6 +104,7 @@ class ModelBuilder {
           add_saturating(figures.bytes_d2h, event.size);
         });
         model_->transfers.push_back({event.time_ns, event.size, false});
+        note_used(ChunkKey{event.client, event.address}, event.size);
         break;
       case TraceEventKind::chunk_drop:
         add_drop(event);
@@ -153,6 +154,7 @@ class ModelBuilder {
     for (const auto& [key, capacity] : chunk_capacity_)
       add_saturating(model_->totals.model_size_bytes, capacity);
     for (const auto& [key, used] : chunk_used_) {
+      if (used == 0) continue;  // only ever zeroed on the device: its used bytes never seen
       add_saturating(model_->totals.fetched_chunk_used_bytes, used);
       add_saturating(model_->totals.fetched_chunk_capacity_bytes, chunk_capacity_.at(key));
     }
@@ -188,6 +190,12 @@ class ModelBuilder {
     }
   }
 
+  // A move's size is the chunk's used bytes; a zero fill moves none.
+  void note_used(const ChunkKey& key, std::uint64_t moved_bytes) {
+    std::uint64_t& used = chunk_used_[key];
+    used = std::max(used, moved_bytes);
+  }
+
   void set_resident(ClientActivity& client, std::uint64_t time_ns, std::uint64_t resident) {
     client.residency.push_back({time_ns, resident});
     client.peak_resident_bytes = std::max(client.peak_resident_bytes, resident);
@@ -203,8 +211,7 @@ class ModelBuilder {
     model_->transfers.push_back({event.time_ns, event.size, true});
     const ChunkKey key{event.client, event.address};
     note_capacity(client, key, event.stream);
-    std::uint64_t& used = chunk_used_[key];
-    used = std::max(used, event.size);
+    note_used(key, event.size);
     // A fetch of a chunk already on the device (a refill after a writeback)
     // moves bytes but takes no new device memory.
     if (resident_.try_emplace(key, event.stream).second) {
@@ -247,10 +254,13 @@ class ModelBuilder {
 // carries the bytes of the chunk's device copy (stream: a whole slab, or the
 // chunk's own size above chunk_size) and copies its used bytes (size): the
 // end of its last tensor, which Note [Packing tensors] packs at 256-byte
-// boundaries. So the chunks' fill on the device is their used bytes over
-// their device copies, over the chunks fetched at least once. It counts
-// alignment padding (under 256 bytes a tensor) as used and misses chunks only
-// ever used on the host; the statistic chunk_fill_ratio is over capacities.
+// boundaries; a write-back copies them too, and a fetch that zeroes a chunk
+// with bytes nowhere copies none (Note [A chunk without bytes is zeroed on
+// the device]). So the chunks' fill on the device is their used bytes over
+// their device copies, over the chunks fetched at least once whose used
+// bytes a move showed. It counts alignment padding (under 256 bytes a
+// tensor) as used and misses chunks only ever used on the host or only ever
+// zeroed; the statistic chunk_fill_ratio is over capacities.
 double ReportTotals::chunk_fill_ratio() const {
   return fetched_chunk_capacity_bytes == 0 ? 0.0
                                            : static_cast<double>(fetched_chunk_used_bytes) /

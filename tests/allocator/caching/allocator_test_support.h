@@ -110,6 +110,9 @@ class CountingDevice final : public Device {
   Status do_copy_async(void* dst, const void* src, std::size_t bytes, Stream stream) override {
     return inner_.copy_async(dst, src, bytes, stream);
   }
+  Status do_fill_zero_async(void* dst, std::size_t bytes, Stream stream) override {
+    return inner_.fill_zero_async(dst, bytes, stream);
+  }
   Status do_launch_host_function(Stream stream, HostFunction fn, void* user_data) override {
     return inner_.launch_host_function(stream, fn, user_data);
   }

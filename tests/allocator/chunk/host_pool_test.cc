@@ -72,7 +72,9 @@ TEST(ChunkHostPool, PinningFailureFallsBackToPageableMemoryWithExactlyOneWarning
     ids.push_back(register_ok(chunks, client, 1536 * KiB, "w" + std::to_string(i)));
     expected.push_back(random_bytes(1536 * KiB, i));
   }
-  write_on_device(chunks, ids[0], expected[0]);  // pinned: before the fault
+  write_on_device(chunks, ids[0], expected[0]);
+  // Its write-back takes a pinned host copy, before the fault.
+  ASSERT_EQ(chunks.evict(chunks.tensor_info(ids[0])->chunk), Status::ok);
   rig.device->fail_nth_host_malloc(1);
   ::testing::internal::CaptureStderr();
   for (int round = 0; round < 2; ++round) {

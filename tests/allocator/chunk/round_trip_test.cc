@@ -119,6 +119,53 @@ TEST(ChunkRoundTrip, NeverWrittenTensorsReadAsZeros) {
   EXPECT_EQ(read_on_host(chunks, b, 5 * MiB), std::vector<std::uint8_t>(5 * MiB, 0));
 }
 
+// Note [A chunk without bytes is zeroed on the device]: its fetch copies
+// nothing over the link, and what is written after it survives an eviction.
+TEST(ChunkRoundTrip, AChunkWithBytesNowhereIsZeroedOnTheDeviceNotCopied) {
+  ChunkRigOptions options;
+  options.chunk_budget = options.chunk_size;  // one chunk on the device at a time
+  ChunkRig rig(options);
+  ChunkManager& chunks = *rig.chunks;
+  const ClientId client = chunks.add_client("model");
+  const TensorId a = register_ok(chunks, client, 600 * KiB, "a", TensorKind::grad);
+  const TensorId b = register_ok(chunks, client, 700 * KiB, "b", TensorKind::grad);
+  const TensorId other = register_ok(chunks, client, 2 * MiB, "other");
+  const std::vector<std::uint8_t> zeros(600 * KiB, 0);
+  EXPECT_TRUE(equal_on_device(chunks, a, zeros));
+  EXPECT_EQ(chunks.stats().bytes_moved_h2d, 0);
+  EXPECT_EQ(chunks.stats().fetches, 1);
+  EXPECT_EQ(chunks.stats().chunk_bytes_host, 0);  // no host copy was made for it
+
+  const std::vector<std::uint8_t> a_bytes = random_bytes(600 * KiB, 7);
+  write_on_device(chunks, a, a_bytes);
+  write_on_device(chunks, other, random_bytes(2 * MiB, 8));  // evicts a's chunk
+  EXPECT_EQ(chunks.tensor_info(a)->location, Location::host);
+  EXPECT_GT(chunks.stats().bytes_moved_d2h, 0);
+  const std::int64_t before = chunks.stats().bytes_moved_h2d;
+  EXPECT_TRUE(equal_on_device(chunks, a, a_bytes));  // a real fetch now
+  EXPECT_GT(chunks.stats().bytes_moved_h2d, before);
+
+  // Every tensor discarded: zeros again, and again without a copy.
+  ASSERT_EQ(chunks.discard(a), Status::ok);
+  ASSERT_EQ(chunks.discard(b), Status::ok);
+  write_on_device(chunks, other, random_bytes(2 * MiB, 9));
+  const std::int64_t moved = chunks.stats().bytes_moved_h2d;
+  EXPECT_TRUE(equal_on_device(chunks, b, std::vector<std::uint8_t>(700 * KiB, 0)));
+  EXPECT_TRUE(equal_on_device(chunks, a, zeros));
+  EXPECT_EQ(chunks.stats().bytes_moved_h2d, moved);
+}
+
+// A zero-filled chunk read on the host: its device copy is the only one, so
+// acquire_host writes it back first.
+TEST(ChunkRoundTrip, AZeroFilledChunkReadsAsZerosOnTheHost) {
+  ChunkRig rig;
+  ChunkManager& chunks = *rig.chunks;
+  const ClientId client = chunks.add_client("model");
+  const TensorId a = register_ok(chunks, client, 5000, "a");
+  EXPECT_TRUE(equal_on_device(chunks, a, std::vector<std::uint8_t>(5000, 0)));
+  EXPECT_EQ(read_on_host(chunks, a, 5000), std::vector<std::uint8_t>(5000, 0));
+}
+
 TEST(ChunkRoundTrip, OversizeTensorsGetAChunkOfTheirOwn) {
   ChunkRigOptions options;
   options.chunk_budget = 8 * MiB;

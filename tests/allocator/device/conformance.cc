@@ -200,6 +200,26 @@ TEST_P(DeviceConformance, CopiesRoundTripBitExact) {
   ASSERT_OK(device_->destroy_stream(stream));
 }
 
+TEST_P(DeviceConformance, ZeroFillClearsItsRangeInStreamOrder) {
+  const std::size_t bytes = (std::size_t{1} << 20) + 77;
+  HostBuffer ones(*device_, bytes), out(*device_, bytes);
+  ones.fill(0xA5);
+  out.fill(0x11);
+  DeviceBuffer block(*device_, bytes);
+  Stream stream;
+  ASSERT_OK(device_->create_stream(&stream));
+  // Copy, zero all but the first and last byte, read back: FIFO on one stream.
+  ASSERT_OK(device_->copy_async(block.get(), ones.bytes(), bytes, stream));
+  ASSERT_OK(device_->fill_zero_async(static_cast<char*>(block.get()) + 1, bytes - 2, stream));
+  ASSERT_OK(device_->copy_async(out.bytes(), block.get(), bytes, stream));
+  ASSERT_OK(device_->synchronize_stream(stream));
+  EXPECT_EQ(out.bytes()[0], 0xA5);
+  EXPECT_EQ(out.bytes()[bytes - 1], 0xA5);
+  EXPECT_TRUE(std::all_of(out.bytes() + 1, out.bytes() + bytes - 1,
+                          [](unsigned char b) { return b == 0; }));
+  ASSERT_OK(device_->destroy_stream(stream));
+}
+
 TEST_P(DeviceConformance, DefaultStreamWorks) {
   const std::size_t bytes = 4096;
   HostBuffer in(*device_, bytes), out(*device_, bytes);

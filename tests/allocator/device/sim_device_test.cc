@@ -88,6 +88,19 @@ TEST(SimDevice, CopyPastTheEndOfAnAllocationIsRejected) {
   EXPECT_EQ(device.free(block), Status::ok);
 }
 
+TEST(SimDevice, ZeroFillOutsideOneDeviceAllocationIsRejected) {
+  SimDevice device;
+  void* block = nullptr;
+  ASSERT_EQ(device.malloc(&block, 1024), Status::ok);
+  std::vector<unsigned char> host(64, 0x33);
+  EXPECT_EQ(device.fill_zero_async(block, 4096, Stream{}), Status::invalid_argument);
+  EXPECT_NE(device.last_error().find("not within one device allocation"), std::string::npos);
+  EXPECT_EQ(device.fill_zero_async(host.data(), host.size(), Stream{}), Status::invalid_argument);
+  ASSERT_EQ(device.synchronize(), Status::ok);
+  EXPECT_EQ(host, std::vector<unsigned char>(64, 0x33));
+  EXPECT_EQ(device.free(block), Status::ok);
+}
+
 TEST(SimDevice, DelayedCopyIsVisiblyLateWithoutAWait) {
   SimDevice device;
   device.set_copy_delay_ns(50'000'000);

@@ -1,0 +1,61 @@
+// Note [A gradient set to none is not fetched]
+// After a set-to-none zero_grad (torch 2's default) a grad chunk still holds
+// the last step's gradients, and nothing can read them: param.grad is
+// undefined until a backward gives it a fresh tensor, which the bridge then
+// copies into the chunk (Note [Binding right after accumulation] in
+// grad_binding.cc). Kept, those bytes would be written back when evicted
+// and fetched in the next backward only to be overwritten. So the bridge
+// discards a gradient once param.grad is no longer its bound tensor and
+// nothing outside the bridge holds that tensor or its storage (held_only_by).
+// A chunk whose tensors are all discarded has bytes nowhere: nothing is
+// written back, and its next fetch zeroes it on the device (Note [A chunk
+// without bytes is zeroed on the device] in chunk_manager.cc). A gradient
+// someone kept (`g = p.grad` before zero_grad) keeps its bytes.
+//
+// One gradient discarded frees its chunk only with the others in it, so the
+// bridge discards every such gradient at once: at spillway::step() (a loop
+// that zeroes after the optimizer step), and at the first fresh gradient of
+// a step (a loop that zeroes before its forward), before that gradient is
+// copied in. Later gradients of that backward find theirs discarded already;
+// a loop that never calls step() discards each as its fresh one arrives.
+#include <atomic>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <mutex>
+
+#include "hooks/torch/bridge.h"
+#include "hooks/torch/held_only_by.h"
+
+namespace spillway::torch_bridge {
+
+bool discard_gradient_if_dead_locked(ChunkManager& chunks, ManagedParam& managed) {
+  if (!managed.bound_grad.defined() || managed.bound_grad_storage == nullptr) return false;
+  const at::Tensor& grad = managed.param.grad();  // a reference: a copy would count
+  if (grad.defined() && grad.has_storage() &&
+      grad.storage().unsafeGetStorageImpl() == managed.bound_grad_storage)
+    return false;  // the gradient in use
+  // bound_grad alone holds its TensorImpl; the Binding and bound_grad hold
+  // the storage.
+  if (!held_only_by(managed.bound_grad.unsafeGetTensorImpl(), 1) ||
+      !held_only_by(managed.bound_grad_storage, 2))
+    return false;
+  // Fails only while the tensor is acquired, which a holder would show.
+  return chunks.discard(managed.grad_id) == Status::ok;
+}
+
+void discard_dead_gradients(ChunkManager& chunks) {
+  for (const std::shared_ptr<ManagedParam>& managed : binding_table().managed_params()) {
+    std::lock_guard lock(managed->grad_mutex);
+    discard_gradient_if_dead_locked(chunks, *managed);
+  }
+}
+
+void discard_dead_gradients_once_per_step(ChunkManager& chunks) {
+  static std::atomic<std::uint64_t> discarded_in_step{std::numeric_limits<std::uint64_t>::max()};
+  const std::uint64_t step = chunks.steps_ended();
+  if (discarded_in_step.exchange(step, std::memory_order_acq_rel) != step)
+    discard_dead_gradients(chunks);
+}
+
+}  // namespace spillway::torch_bridge
