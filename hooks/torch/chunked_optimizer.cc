@@ -449,9 +449,11 @@ void ChunkedOptimizer::step_scaled(double grad_scale) {
       if (!grad.defined()) continue;  // as torch: no gradient, no step
       if (grad.is_sparse() || !grad.has_storage() ||
           storage_of(grad) != record->managed->bound_grad_storage)
-        throw std::runtime_error("spillway optim: the gradient of " + record->label +
-                                 " is not in its grad chunk (sparse, or another dtype or shape "
-                                 "than the parameter)");
+        throw std::runtime_error(
+            "spillway optim: the gradient of " + record->label +
+            " is not in its grad chunk: it is sparse, of another dtype or shape than the "
+            "parameter, or the gradient before it is still held (`g = p.grad` kept across "
+            "zero_grad and backward: Note [A replaced gradient someone holds keeps its values])");
       fill_master_if_new(chunks, *record);
       due.push_back(
           due_update(chunks, *record, kernel_dtype(grad.scalar_type(), "a gradient"), slots));
@@ -582,7 +584,8 @@ GradientSummary ChunkedOptimizer::gradient_summary(double grad_scale) {
       if (!grad.defined()) continue;
       if (!grad.has_storage() || storage_of(grad) != record->managed->bound_grad_storage)
         throw std::runtime_error("spillway optim: the gradient of " + record->label +
-                                 " is not in its grad chunk");
+                                 " is not in its grad chunk (Note [A replaced gradient "
+                                 "someone holds keeps its values])");
       const TensorId id = record->managed->grad_id;
       const std::optional<TensorInfo> info = chunks.tensor_info(id);
       // On the sim device a resident gradient is read where it is; on a GPU

@@ -25,6 +25,14 @@
 // A gradient already defined at manage() is copied into the chunk and bound
 // at once.
 //
+// Note [A replaced gradient someone holds keeps its values]
+// The bound gradient is copied over only when nothing but the bridge holds
+// it. After `g = p.grad; opt.zero_grad(); loss.backward()`, torch leaves g
+// with the old values and gives p.grad a fresh tensor; copying the fresh one
+// into the chunk would change g under its holder. So while g is held the
+// fresh gradient stays p.grad, outside the chunk (memory no eviction frees),
+// and the first rebinding after g is let go moves it in.
+//
 // Note [Binding right after accumulation]
 // Left to the next op that uses the parameter, a fresh gradient (the first
 // backward's, and every one after a set-to-none zero_grad, torch 2's default)
@@ -46,6 +54,7 @@
 
 #include "hooks/torch/bridge.h"
 #include "hooks/torch/data_parallel.h"
+#include "hooks/torch/held_only_by.h"
 #include "hooks/torch/torch_out_of_memory.h"
 
 namespace spillway::torch_bridge {
@@ -172,6 +181,10 @@ void rebind_grad_if_replaced(ChunkManager& chunks, ManagedParam& managed) {
   if (current.sizes() != managed.bound_grad.sizes() ||
       current.scalar_type() != managed.bound_grad.scalar_type() || current.is_sparse())
     return;  // not a gradient the chunk can hold: left as it is
+  // Note [A replaced gradient someone holds keeps its values].
+  if (!held_only_by(managed.bound_grad.unsafeGetTensorImpl(), 1) ||
+      !held_only_by(managed.bound_grad_storage, 2))
+    return;
   discard_gradient_if_dead_locked(chunks, managed);  // Note [A gradient set to none is not fetched]
   copy_into_bound_grad(chunks, managed, current);
   managed.param.mutable_grad() = managed.bound_grad;

@@ -218,7 +218,7 @@ struct TrainingResult {
   // reads as zeros (Note [A gradient set to none is not fetched]).
   std::vector<bool> gradients_zero_after_step;
   // hold_first_gradient: whether the held gradient kept its values through
-  // each zero_grad and step boundary.
+  // each zero_grad, backward and step boundary.
   bool held_gradient_kept = true;
 };
 
@@ -296,6 +296,7 @@ class Training {
       loss.backward();
       step_loss = step_loss + loss.detach();
     }
+    check_held_gradient();
     held_gradient_.reset();  // `g` goes once the backward has run
     optimizer_->step();
     if (managed_ && setup_.hold_first_gradient) {
@@ -336,8 +337,7 @@ class Training {
       if (setup_.mark_steps) spillway::step();
       result_.bytes_fetched_after_step.push_back(stat("bytes_moved.h2d"));
       result_.gradients_zero_after_step.push_back(gradients_in_chunks_read_as_zeros());
-      if (held_gradient_ && !torch::equal(held_gradient_->first, held_gradient_->second))
-        result_.held_gradient_kept = false;
+      check_held_gradient();
       // Each gradient as first bound into its chunk, after the first step
       // that reached its parameter.
       const std::vector<torch::Tensor> params = model_.module->parameters();
@@ -348,6 +348,11 @@ class Training {
       }
     }
     result_.losses.push_back(step_loss.clone());
+  }
+
+  void check_held_gradient() {
+    if (held_gradient_ && !torch::equal(held_gradient_->first, held_gradient_->second))
+      result_.held_gradient_kept = false;
   }
 
   // Bytes this run holds outside chunks (the optimizer's state), whole slabs.
@@ -512,6 +517,19 @@ TEST(TorchBridgeTraining, AGradientSomeoneHoldsKeepsItsBytesThroughZeroGrad) {
   EXPECT_TRUE(spilled.held_gradient_kept);
   for (std::size_t step = 0; step < spilled.gradients_zero_after_step.size(); ++step)
     EXPECT_FALSE(spilled.gradients_zero_after_step[step]) << "step " << step;
+}
+
+// Note [A replaced gradient someone holds keeps its values]: held across
+// zero_grad and the backward, the old gradient keeps its values, as in
+// torch, and the fresh one is used by the optimizer.
+TEST(TorchBridgeTraining, AGradientHeldThroughTheBackwardKeepsItsValues) {
+  TrainingSetup setup = adam_setup();
+  setup.zero_grad = ZeroGrad::in_place;  // torch's zero_grad(): set to none
+  setup.hold_first_gradient = true;
+  const TrainingResult plain = train(setup, /*managed=*/false);
+  const TrainingResult spilled = train(setup, /*managed=*/true);
+  expect_same_results(plain, spilled);
+  EXPECT_TRUE(spilled.held_gradient_kept);
 }
 
 // zero_grad(set_to_none=false): the gradients stay, as zeros the backward
