@@ -206,10 +206,10 @@ void rebind_grad_if_replaced(ChunkManager& chunks, ManagedParam& managed);
 // nothing but the bridge holds it; true when it was. Under
 // managed.grad_mutex.
 bool discard_gradient_if_dead_locked(ChunkManager& chunks, ManagedParam& managed);
-// The same for every managed parameter.
-void discard_dead_gradients(ChunkManager& chunks);
-// discard_dead_gradients, at most once between two step boundaries.
-void discard_dead_gradients_once_per_step(ChunkManager& chunks);
+// The same for every managed parameter, or every one of `client`'s.
+void discard_dead_gradients(ChunkManager& chunks, std::optional<ClientId> client = std::nullopt);
+// discard_dead_gradients for `client`, at most once between two step boundaries.
+void discard_dead_gradients_once_per_step(ChunkManager& chunks, ClientId client);
 // Note [A parameter unfrozen after manage()] (manage.cc): a parameter frozen
 // when managed that requires grad now gets its grad chunk, bound, and the
 // hook on its gradient accumulator. Cheap when there is nothing to do.

@@ -15,14 +15,14 @@
 // One gradient discarded frees its chunk only with the others in it, so the
 // bridge discards every such gradient at once: at spillway::step() (a loop
 // that zeroes after the optimizer step), and at the first fresh gradient of
-// a step (a loop that zeroes before its forward), before that gradient is
-// copied in. Later gradients of that backward find theirs discarded already;
-// a loop that never calls step() discards each as its fresh one arrives.
-#include <atomic>
+// a step (a loop that zeroes before its forward), those of that gradient's
+// model, before that gradient is copied in. Later gradients of that backward find theirs discarded
+// already; a loop that never calls step() discards each as its fresh one arrives.
 #include <cstdint>
-#include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 #include "hooks/torch/bridge.h"
 #include "hooks/torch/held_only_by.h"
@@ -44,18 +44,28 @@ bool discard_gradient_if_dead_locked(ChunkManager& chunks, ManagedParam& managed
   return chunks.discard(managed.grad_id) == Status::ok;
 }
 
-void discard_dead_gradients(ChunkManager& chunks) {
+void discard_dead_gradients(ChunkManager& chunks, std::optional<ClientId> client) {
   for (const std::shared_ptr<ManagedParam>& managed : binding_table().managed_params()) {
+    if (client && managed->client != *client) continue;
     std::lock_guard lock(managed->grad_mutex);
     discard_gradient_if_dead_locked(chunks, *managed);
   }
 }
 
-void discard_dead_gradients_once_per_step(ChunkManager& chunks) {
-  static std::atomic<std::uint64_t> discarded_in_step{std::numeric_limits<std::uint64_t>::max()};
+// Per client: a backward reads the gradients of its own model only, which no
+// other thread's backward writes (models may train side by side on threads).
+void discard_dead_gradients_once_per_step(ChunkManager& chunks, ClientId client) {
+  static std::mutex mutex;
+  static std::map<ClientId, std::uint64_t>* const discarded_in_step =
+      new std::map<ClientId, std::uint64_t>();  // never destroyed
   const std::uint64_t step = chunks.steps_ended();
-  if (discarded_in_step.exchange(step, std::memory_order_acq_rel) != step)
-    discard_dead_gradients(chunks);
+  {
+    std::lock_guard lock(mutex);
+    const auto [it, inserted] = discarded_in_step->try_emplace(client, step);
+    if (!inserted && it->second == step) return;
+    it->second = step;
+  }
+  discard_dead_gradients(chunks, client);
 }
 
 }  // namespace spillway::torch_bridge
