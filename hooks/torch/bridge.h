@@ -206,6 +206,9 @@ void rebind_grad_if_replaced(ChunkManager& chunks, ManagedParam& managed);
 // nothing but the bridge holds it; true when it was. Under
 // managed.grad_mutex.
 bool discard_gradient_if_dead_locked(ChunkManager& chunks, ManagedParam& managed);
+// Nothing but the bridge holds the bound gradient tensor or its storage (a
+// defined bound_grad). Under managed.grad_mutex.
+bool only_the_bridge_holds_bound_grad(const ManagedParam& managed);
 // The same for every managed parameter, or every one of `client`'s.
 void discard_dead_gradients(ChunkManager& chunks, std::optional<ClientId> client = std::nullopt);
 // discard_dead_gradients for `client`, at most once between two step boundaries.

@@ -440,7 +440,12 @@ void set_reduced_gradient(const PackedGradient& packed, bool reached, const at::
   check_unwritten_since_packed(packed);  // Note [No write to a gradient in flight]
   ManagedParam& managed = *packed.managed;
   std::lock_guard lock(managed.grad_mutex);
-  at::Tensor target = managed.bound_grad.defined() ? managed.bound_grad : managed.param.grad();
+  // Into the chunk, unless a bound gradient that p.grad no longer is is held
+  // elsewhere (Note [A replaced gradient someone holds keeps its values]).
+  const bool into_chunk =
+      managed.bound_grad.defined() && (managed.param.grad().is_same(managed.bound_grad) ||
+                                       only_the_bridge_holds_bound_grad(managed));
+  at::Tensor target = into_chunk ? managed.bound_grad : managed.param.grad();
   if (!target.defined()) target = at::empty_like(managed.param);
   target.copy_(mean.view(managed.param.sizes()));
   managed.param.mutable_grad() = target;

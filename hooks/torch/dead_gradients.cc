@@ -16,8 +16,9 @@
 // bridge discards every such gradient at once: at spillway::step() (a loop
 // that zeroes after the optimizer step), and at the first fresh gradient of
 // a step (a loop that zeroes before its forward), those of that gradient's
-// model, before that gradient is copied in. Later gradients of that backward find theirs discarded
-// already; a loop that never calls step() discards each as its fresh one arrives.
+// model, before that gradient is copied in. Later gradients of that backward
+// find theirs discarded already; a loop that never calls step() discards
+// each as its fresh one arrives.
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -29,17 +30,21 @@
 
 namespace spillway::torch_bridge {
 
+bool only_the_bridge_holds_bound_grad(const ManagedParam& managed) {
+  // bound_grad alone holds its TensorImpl; the Binding and bound_grad hold
+  // the storage.
+  return managed.bound_grad_storage != nullptr &&
+         held_only_by(managed.bound_grad.unsafeGetTensorImpl(), 1) &&
+         held_only_by(managed.bound_grad_storage, 2);
+}
+
 bool discard_gradient_if_dead_locked(ChunkManager& chunks, ManagedParam& managed) {
-  if (!managed.bound_grad.defined() || managed.bound_grad_storage == nullptr) return false;
+  if (!managed.bound_grad.defined()) return false;
   const at::Tensor& grad = managed.param.grad();  // a reference: a copy would count
   if (grad.defined() && grad.has_storage() &&
       grad.storage().unsafeGetStorageImpl() == managed.bound_grad_storage)
     return false;  // the gradient in use
-  // bound_grad alone holds its TensorImpl; the Binding and bound_grad hold
-  // the storage.
-  if (!held_only_by(managed.bound_grad.unsafeGetTensorImpl(), 1) ||
-      !held_only_by(managed.bound_grad_storage, 2))
-    return false;
+  if (!only_the_bridge_holds_bound_grad(managed)) return false;
   // Fails only while the tensor is acquired, which a holder would show.
   return chunks.discard(managed.grad_id) == Status::ok;
 }

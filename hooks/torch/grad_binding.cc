@@ -54,7 +54,6 @@
 
 #include "hooks/torch/bridge.h"
 #include "hooks/torch/data_parallel.h"
-#include "hooks/torch/held_only_by.h"
 #include "hooks/torch/torch_out_of_memory.h"
 
 namespace spillway::torch_bridge {
@@ -183,9 +182,7 @@ void rebind_grad_if_replaced(ChunkManager& chunks, ManagedParam& managed) {
       current.scalar_type() != managed.bound_grad.scalar_type() || current.is_sparse())
     return;  // not a gradient the chunk can hold: left as it is
   // Note [A replaced gradient someone holds keeps its values].
-  if (!held_only_by(managed.bound_grad.unsafeGetTensorImpl(), 1) ||
-      !held_only_by(managed.bound_grad_storage, 2))
-    return;
+  if (!only_the_bridge_holds_bound_grad(managed)) return;
   discard_gradient_if_dead_locked(chunks, managed);  // Note [A gradient set to none is not fetched]
   copy_into_bound_grad(chunks, managed, current);
   managed.param.mutable_grad() = managed.bound_grad;
