@@ -201,6 +201,9 @@ void stop_rebinding_after_accumulation(ManagedParam& managed);
 // zero_grad, then backward), copies it into the grad chunk and binds the
 // chunk tensor again. Cheap when nothing changed.
 void rebind_grad_if_replaced(ChunkManager& chunks, ManagedParam& managed);
+// param.grad is defined and over the bound gradient's storage: the gradient
+// in use is the chunk's. Under managed.grad_mutex.
+bool grad_is_bound_locked(const ManagedParam& managed);
 // Note [A gradient set to none is not fetched] (dead_gradients.cc): the
 // gradient's chunk tensor is discarded when param.grad is no longer it and
 // nothing but the bridge holds it; true when it was. Under

@@ -39,11 +39,7 @@ bool only_the_bridge_holds_bound_grad(const ManagedParam& managed) {
 }
 
 bool discard_gradient_if_dead_locked(ChunkManager& chunks, ManagedParam& managed) {
-  if (!managed.bound_grad.defined()) return false;
-  const at::Tensor& grad = managed.param.grad();  // a reference: a copy would count
-  if (grad.defined() && grad.has_storage() &&
-      grad.storage().unsafeGetStorageImpl() == managed.bound_grad_storage)
-    return false;  // the gradient in use
+  if (!managed.bound_grad.defined() || grad_is_bound_locked(managed)) return false;
   if (!only_the_bridge_holds_bound_grad(managed)) return false;
   // Fails only while the tensor is acquired, which a holder would show.
   return chunks.discard(managed.grad_id) == Status::ok;

@@ -123,10 +123,8 @@ namespace {
 // Autograd gave param.grad a tensor of its own (Note [Set-to-none zero_grad]).
 bool gradient_is_fresh(ManagedParam& managed) {
   std::lock_guard lock(managed.grad_mutex);
-  const at::Tensor& grad = managed.param.grad();
-  return managed.bound_grad.defined() && grad.defined() &&
-         (!grad.has_storage() ||
-          grad.storage().unsafeGetStorageImpl() != managed.bound_grad_storage);
+  return managed.bound_grad.defined() && managed.param.grad().defined() &&
+         !grad_is_bound_locked(managed);
 }
 
 class RebindAfterAccumulation final : public torch::autograd::FunctionPostHook {
@@ -170,14 +168,18 @@ void stop_rebinding_after_accumulation(ManagedParam& managed) {
   managed.grad_accumulator.reset();
 }
 
+bool grad_is_bound_locked(const ManagedParam& managed) {
+  const at::Tensor& grad = managed.param.grad();  // a reference: a copy would count
+  return grad.defined() && grad.has_storage() &&
+         grad.storage().unsafeGetStorageImpl() == managed.bound_grad_storage;
+}
+
 void rebind_grad_if_replaced(ChunkManager& chunks, ManagedParam& managed) {
   std::lock_guard lock(managed.grad_mutex);
   if (!managed.bound_grad.defined()) return;  // a frozen parameter: no grad chunk
   const at::Tensor current = managed.param.grad();
   if (!current.defined()) return;  // set to none and no backward since
-  if (current.has_storage() &&
-      current.storage().unsafeGetStorageImpl() == managed.bound_grad_storage)
-    return;
+  if (grad_is_bound_locked(managed)) return;
   if (current.sizes() != managed.bound_grad.sizes() ||
       current.scalar_type() != managed.bound_grad.scalar_type() || current.is_sparse())
     return;  // not a gradient the chunk can hold: left as it is
