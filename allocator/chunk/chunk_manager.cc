@@ -124,7 +124,9 @@ class ChunkManager::FetchClock final : public CopyClock {
  public:
   explicit FetchClock(const ChunkManager& manager) : manager_(manager) {}
   std::uint64_t now_ns() const override { return manager_.policy_clock_ns_locked(); }
-  std::uint64_t fetch_stream_free_at_ns() const override {
+  std::uint64_t stream_free_at_ns(ChunkId id) const override {
+    const Chunk* chunk = manager_.find_chunk_locked(id);
+    if (chunk != nullptr && chunk->location() == Location::none) return now_ns();
     return manager_.policy_time_locked(manager_.fetch_stream_free_at_ns_);
   }
   bool copies_modelled() const override { return manager_.options_.copy_bytes_per_s > 0; }
@@ -351,6 +353,10 @@ Status ChunkManager::discard(TensorId id) {
     return fail(Status::invalid_argument,
                 fmt::format("discard of {}, which is acquired", tensor_label_locked(*tensor)));
   }
+  // Discarded again (the bridge looks for dead gradients at several points
+  // of a step): its bytes died already, and dropping a chunk zeroed since
+  // would only make its use zero it again, while the host waits.
+  if (tensor->state == TensorState::free) return Status::ok;
   Chunk& chunk = *find_chunk_locked(tensor->chunk);
   if (tensor->state == TensorState::hold) --chunk.held_tensors;
   tensor->state = TensorState::free;
@@ -428,14 +434,16 @@ std::size_t ChunkManager::effective_budget_locked() const {
 
 // Note [A chunk without bytes is zeroed on the device]
 // A chunk with bytes nowhere (never written, or every tensor in it
-// discarded) reads as zeros. Its fetch sets the device copy to zero on the
-// fetch stream instead of copying a zeroed host copy over the link: it moves
-// no bytes (bytes_moved_h2d and its chunk_fetch's size are 0, and the copy
-// model gives it no link time), and no host copy is made until an eviction
-// writes the device copy back. Gradients set to none are discarded (Note [A
-// gradient set to none is not fetched] in hooks/torch/dead_gradients.cc), so
-// a backward after a set-to-none zero_grad fills its grad chunks this way
-// instead of fetching the last step's gradients only to overwrite them.
+// discarded) reads as zeros. Its fetch sets the device copy to zero (on a
+// stream of its own: Note [Two copy streams] in chunk_mover.cc) instead of
+// copying a zeroed host copy over the link: it moves no bytes
+// (bytes_moved_h2d and its chunk_fetch's size are 0; the copy model gives it
+// no place in the fetch queue, and times it as a copy: fetch_ns_locked), and
+// no host copy is made until an eviction writes the device copy back.
+// Gradients set to none are discarded (Note [A gradient set to none is not
+// fetched] in hooks/torch/dead_gradients.cc), so a backward after a
+// set-to-none zero_grad fills its grad chunks this way instead of fetching
+// the last step's gradients only to overwrite them.
 Status ChunkManager::fetch_locked(Chunk& chunk, FetchReason reason, const TensorRecord* wanted_by,
                                   OverBudget over_budget) {
   const bool is_prefetch = reason != FetchReason::use;
@@ -472,7 +480,9 @@ Status ChunkManager::fetch_locked(Chunk& chunk, FetchReason reason, const Tensor
   }
   const std::size_t copied_bytes = zero_fill ? 0 : chunk.used_bytes;
   if (zero_fill) chunk.sealed = true;  // Note [Sealed chunks] in chunk_layout.cc
-  const std::uint64_t arrives_in_ns = note_fetch_queued_locked(chunk, device_.now_ns());
+  // Note [Two copy streams] (chunk_mover.cc): a zero fill does not queue.
+  const std::uint64_t arrives_in_ns = zero_fill ? fetch_ns_locked(chunk).value_or(0)
+                                                : note_fetch_queued_locked(chunk, device_.now_ns());
   // A fetch on use stalls its access until it arrives (the copy model's view).
   if (reason == FetchReason::use) note_expected_stall_locked(chunk, arrives_in_ns);
   chunk.device_data = data;
@@ -637,8 +647,13 @@ std::uint64_t ChunkManager::policy_time_locked(std::uint64_t device_ns) const {
 
 std::optional<std::uint64_t> ChunkManager::fetch_ns_locked(const Chunk& chunk) const {
   if (options_.copy_bytes_per_s <= 0) return std::nullopt;
-  // Note [A chunk without bytes is zeroed on the device]: no copy.
-  if (chunk.location() == Location::none) return 0;
+  // A zero fill (Note [A chunk without bytes is zeroed on the device]) is
+  // timed as a copy of its bytes too: the device's fill rate is unknown, a
+  // GPU's beats the link by far (the lead is then a few microseconds too
+  // long), and the simulated device's, page faults and a thread's wake-up
+  // included, came near it: 2 MiB took 1 to 1.5 ms. Timed as free, each
+  // fill started just before its use, and the demo's GPT stalled 6 ms a
+  // step on them (docs/benchmarks.md, bench_train).
   return static_cast<std::uint64_t>(static_cast<double>(chunk.used_bytes) * 1e9 /
                                     options_.copy_bytes_per_s);
 }

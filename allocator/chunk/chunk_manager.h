@@ -182,7 +182,10 @@ class ChunkManager final : public PressureHandler {
 
   // The tensor's bytes no longer matter (state free). When all of a chunk's
   // tensors are free, its payloads are released on both sides and its bytes
-  // read as zeros next time. Fails while the tensor is acquired.
+  // read as zeros next time. Fails while the tensor is acquired. A tensor
+  // free already (not acquired since it was registered or discarded) is
+  // left as it is: its chunk, if zeroed on the device since, keeps that copy,
+  // which a prefetch made for a coming use.
   Status discard(TensorId tensor);
 
   // Evicts one chunk now (written back if dirty). Fails while it is in use.

@@ -3,8 +3,13 @@
 // Note [Two copy streams]
 // Fetches (host to device) run on fetch_stream_, write-backs (device to
 // host) on writeback_stream_, so a fetch and an eviction overlap, as a GPU's
-// two copy engines allow. The orderings that matter, each made with an
-// event wait on the device side, never by blocking the host:
+// two copy engines allow. Zero fills (Note [A chunk without bytes is zeroed
+// on the device] in chunk_manager.cc) run on a third stream, fill_stream_:
+// a fill takes microseconds and no link, and on the fetch stream it queued
+// behind every copy ahead of it (a FIFO), so a gradient chunk zeroed for the
+// backward waited for milliseconds of unrelated fetches. The orderings that
+// matter, each made with an event wait on the device side, never by
+// blocking the host:
 //   - a write-back reads the device copy after every use of it: the
 //     write-back stream waits for the payload's release events (Note
 //     [Streams and chunk payloads]) and for its fetch;
@@ -15,8 +20,9 @@
 //   - a caller's work that writes the device copy waits for a write-back
 //     still reading it (a write-back ahead of a spill keeps the device copy:
 //     Note [Write-backs ahead of spills] in planned_policy.h);
-//   - a fetch writes a reused block after the work on its previous payload
-//     (Note [Reuse fences]).
+//   - a fetch or a zero fill writes a reused block after the work on its
+//     previous payload (Note [Reuse fences]); nothing else orders a fill on
+//     its own stream after the fetch stream's earlier work in that block.
 //
 // Note [Streams and chunk payloads]
 // The device copy is allocated on the fetch stream, so that stream owns the
@@ -72,12 +78,16 @@ ChunkMover::ChunkMover(Device& device) : device_(device) {
                  "default stream",
                  device_.last_error());
   }
+  // Without a stream of their own, fills are correct on the fetch stream,
+  // only queued behind its copies.
+  if (device_.create_stream(&fill_stream_) != Status::ok) fill_stream_ = fetch_stream_;
 }
 
 ChunkMover::~ChunkMover() {
-  device_.synchronize_stream(fetch_stream_);
-  device_.synchronize_stream(writeback_stream_);
+  synchronize();
   for (const ReuseFence& fence : reuse_fences_) device_.destroy_event(fence.event);
+  if (fill_stream_.handle != nullptr && fill_stream_.handle != fetch_stream_.handle)
+    device_.destroy_stream(fill_stream_);
   if (fetch_stream_.handle != nullptr) device_.destroy_stream(fetch_stream_);
   if (writeback_stream_.handle != nullptr) device_.destroy_stream(writeback_stream_);
 }
@@ -85,7 +95,7 @@ ChunkMover::~ChunkMover() {
 Status ChunkMover::fetch(PayloadMoves& moves, void* device_data, std::size_t block_bytes,
                          const void* host_data, std::size_t bytes) {
   if (Status status = ensure_events(moves); status != Status::ok) return status;
-  wait_for_reuse_fences(device_data, block_bytes);
+  wait_for_reuse_fences(device_data, block_bytes, fetch_stream_);
   // Note [Two copy streams]: read the host copy after its write-back.
   if (moves.writeback_pending) device_.wait_event(fetch_stream_, moves.written_back);
   if (Status status = device_.copy_async(device_data, host_data, bytes, fetch_stream_);
@@ -100,12 +110,12 @@ Status ChunkMover::fetch(PayloadMoves& moves, void* device_data, std::size_t blo
 Status ChunkMover::zero_fill(PayloadMoves& moves, void* device_data, std::size_t block_bytes,
                              std::size_t bytes) {
   if (Status status = ensure_events(moves); status != Status::ok) return status;
-  wait_for_reuse_fences(device_data, block_bytes);
-  if (Status status = device_.fill_zero_async(device_data, bytes, fetch_stream_);
+  wait_for_reuse_fences(device_data, block_bytes, fill_stream_);
+  if (Status status = device_.fill_zero_async(device_data, bytes, fill_stream_);
       status != Status::ok) {
     return fail(status, fmt::format("the zero fill failed: {}", device_.last_error()));
   }
-  device_.record_event(moves.fetched, fetch_stream_);
+  device_.record_event(moves.fetched, fill_stream_);
   moves.fetch_pending = true;
   return Status::ok;
 }
@@ -225,6 +235,7 @@ void ChunkMover::wait_for_moves(PayloadMoves& moves) {
 
 void ChunkMover::synchronize() {
   device_.synchronize_stream(fetch_stream_);
+  device_.synchronize_stream(fill_stream_);
   device_.synchronize_stream(writeback_stream_);
 }
 
@@ -258,15 +269,15 @@ Status ChunkMover::ensure_events(PayloadMoves& moves) {
   return Status::ok;
 }
 
-// Note [Reuse fences]: the fetch stream waits for every fence on [data,
-// data + bytes) before writing there; fences already passed are dropped.
-void ChunkMover::wait_for_reuse_fences(void* data, std::size_t bytes) {
+// Note [Reuse fences]: `stream` waits for every fence on [data, data +
+// bytes) before writing there; fences already passed are dropped.
+void ChunkMover::wait_for_reuse_fences(void* data, std::size_t bytes, Stream stream) {
   const auto begin = reinterpret_cast<std::uintptr_t>(data);
   const std::uintptr_t end = begin + bytes;
   std::erase_if(reuse_fences_, [&](const ReuseFence& fence) {
     const bool overlaps = fence.begin < end && begin < fence.end;
     if (overlaps) {
-      device_.wait_event(fetch_stream_, fence.event);
+      device_.wait_event(stream, fence.event);
     } else if (device_.query_event(fence.event) != Status::ok) {
       return false;
     }

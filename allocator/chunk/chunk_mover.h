@@ -80,8 +80,9 @@ class ChunkMover {
                const void* host_data, std::size_t bytes);
   // The fetch of a payload that has no bytes anywhere (Note [A chunk without
   // bytes is zeroed on the device] in chunk_manager.cc): `bytes` of
-  // `device_data` set to zero on fetch_stream(), after the block's reuse
-  // fences, and waited for as a fetch is.
+  // `device_data` (allocated on fetch_stream()) set to zero on a stream of
+  // its own, not behind the queued fetches (Note [Two copy streams]), after
+  // the block's reuse fences, and waited for as a fetch is.
   Status zero_fill(PayloadMoves& moves, void* device_data, std::size_t block_bytes,
                    std::size_t bytes);
   // Queues the copy of `bytes` from `device_data` to `host_data`: after every
@@ -147,13 +148,14 @@ class ChunkMover {
   };
 
   Status ensure_events(PayloadMoves& moves);
-  void wait_for_reuse_fences(void* data, std::size_t bytes);
+  void wait_for_reuse_fences(void* data, std::size_t bytes, Stream stream);
   // Joins the releases on every stream into the write-back stream.
   void order_writeback_after_releases(PayloadMoves& moves);
 
   Device& device_;
   Stream fetch_stream_{};
   Stream writeback_stream_{};
+  Stream fill_stream_{};  // zero fills; fetch_stream_ when it could not be made
   std::vector<ReuseFence> reuse_fences_;
   EventPool spare_events_{device_};
 };

@@ -38,8 +38,10 @@ class CopyClock {
  public:
   // Device::now_ns().
   virtual std::uint64_t now_ns() const = 0;
-  // When the fetch stream is modelled to finish the fetches queued so far.
-  virtual std::uint64_t fetch_stream_free_at_ns() const = 0;
+  // When the stream that would bring the chunk in is modelled to finish
+  // the work queued on it so far: the fetch stream's fetches, or now for a
+  // chunk that is zeroed rather than copied (its fill has a stream of its own).
+  virtual std::uint64_t stream_free_at_ns(ChunkId chunk) const = 0;
   // Whether copy times are modelled (the copy bandwidth is known); when not,
   // prefetches are not timed.
   virtual bool copies_modelled() const = 0;

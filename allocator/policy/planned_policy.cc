@@ -291,7 +291,7 @@ std::optional<PlannedFetch> PlannedPolicy::timed_prefetch(const CopyClock& clock
   const FetchTiming timing{.now_ns = now_ns,
                            .next_decision_ns = next_decision_ns,
                            .use_ns = predicted_ns(position_ + next->ahead),
-                           .fetch_stream_free_at_ns = clock.fetch_stream_free_at_ns(),
+                           .stream_free_at_ns = clock.stream_free_at_ns(next->chunk),
                            .copy_ns = *copy_ns};
   if (!must_start_now(timing)) return std::nullopt;
   // Note [Room a prefetch takes early].

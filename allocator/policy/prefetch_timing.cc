@@ -6,7 +6,7 @@
 namespace spillway {
 
 std::uint64_t arrival_ns(const FetchTiming& timing, std::uint64_t start_ns) {
-  return std::max(start_ns, timing.fetch_stream_free_at_ns) + timing.copy_ns;
+  return std::max(start_ns, timing.stream_free_at_ns) + timing.copy_ns;
 }
 
 bool must_start_now(const FetchTiming& timing) {
@@ -15,7 +15,7 @@ bool must_start_now(const FetchTiming& timing) {
   const auto margined_copy =
       static_cast<std::uint64_t>(static_cast<double>(timing.copy_ns) * kCopyTimeMargin);
   const std::uint64_t late_arrival =
-      std::max(later, timing.fetch_stream_free_at_ns) + margined_copy + kMarginNs;
+      std::max(later, timing.stream_free_at_ns) + margined_copy + kMarginNs;
   return late_arrival > timing.use_ns;
 }
 

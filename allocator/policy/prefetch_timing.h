@@ -17,7 +17,10 @@
 //  - Copy time: the chunk's bytes over the copy bandwidth (the simulated
 //    device's sim_bandwidth, or copy_bandwidth), queued behind the fetches
 //    already on the fetch stream (a FIFO): the manager models when that
-//    stream goes idle.
+//    stream goes idle. A chunk with bytes nowhere is zeroed instead, on a
+//    stream of its own (Note [Two copy streams] in chunk_mover.cc): it
+//    queues behind nothing, and is timed as a copy of its bytes
+//    (ChunkManager::fetch_ns_locked says why).
 //  - The decision is taken at accesses (and releases). A fetch waits while
 //    starting it at the next expected access still lands it before its use
 //    with the margin (kCopyTimeMargin times the copy, plus kMarginNs);
@@ -44,9 +47,12 @@ struct FetchTiming {
   std::uint64_t now_ns = 0;
   // The next expected access: the next point the fetch could start at.
   std::uint64_t next_decision_ns = 0;
-  std::uint64_t use_ns = 0;                   // the predicted use
-  std::uint64_t fetch_stream_free_at_ns = 0;  // the fetches already queued end then
-  std::uint64_t copy_ns = 0;                  // the modelled copy
+  std::uint64_t use_ns = 0;  // the predicted use
+  // The work already queued on the stream that would bring the chunk in
+  // ends then (the fetch stream's fetches; a zero fill's stream is idle:
+  // now).
+  std::uint64_t stream_free_at_ns = 0;
+  std::uint64_t copy_ns = 0;  // the modelled copy
 };
 
 // When the fetch would arrive if queued at `start_ns`.

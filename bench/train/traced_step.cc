@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <unordered_map>
+#include <unordered_set>
 
 #include <fmt/format.h>
 
@@ -21,6 +22,8 @@ TracedStep traced_step(const TraceFileContents& trace, std::uint64_t step) {
   std::uint64_t step_end_ns = 0;
   std::vector<std::uint64_t> begins;  // each moment's begin
   std::vector<std::uint64_t> stalls;  // host stall inside each moment
+  // Chunks zeroed on the device and not accessed since: their next access is fresh.
+  std::unordered_set<std::uint64_t> zero_filled;
   auto non_model = [&] {
     return live_bytes > resident_chunk_bytes ? live_bytes - resident_chunk_bytes : 0;
   };
@@ -41,6 +44,12 @@ TracedStep traced_step(const TraceFileContents& trace, std::uint64_t step) {
       case TraceEventKind::chunk_fetch:
         resident_chunk_bytes += event.stream;  // chunk events: stream is the capacity
         result.chunk_size = std::max(result.chunk_size, event.stream);
+        // Size 0: zeroed on the device (docs/trace-format.md).
+        if (event.size == 0) {
+          zero_filled.insert(event.address);
+        } else {
+          zero_filled.erase(event.address);
+        }
         break;
       case TraceEventKind::chunk_drop:
         resident_chunk_bytes -= std::min(resident_chunk_bytes, event.stream);
@@ -48,6 +57,9 @@ TracedStep traced_step(const TraceFileContents& trace, std::uint64_t step) {
       default:
         break;
     }
+    // Whether this access is the first since a zero fill, before or in the step.
+    const bool fresh =
+        event.kind == TraceEventKind::chunk_access && zero_filled.erase(event.address) > 0;
     if (event.kind == TraceEventKind::step) {
       if (event.address + 1 == step) {
         in_step = true;
@@ -79,7 +91,7 @@ TracedStep traced_step(const TraceFileContents& trace, std::uint64_t step) {
       const auto seen = std::find_if(op.chunks.begin(), op.chunks.end(),
                                      [&](const plan::ChunkUse& use) { return use.chunk == chunk; });
       if (seen == op.chunks.end()) {
-        op.chunks.push_back({chunk, write});
+        op.chunks.push_back({chunk, write, fresh});
       } else {
         seen->write = seen->write || write;
       }

@@ -6,8 +6,10 @@
 // runs to the next top-level op's begin (the last one's to the step event),
 // so work between hooked ops (activation-only ops) counts as compute, less
 // the host's stalls inside it (the simulator adds its own). Its chunks are
-// the chunk_access records until the next moment; its non-model bytes are
-// the peak of live allocator bytes less resident chunk capacity meanwhile.
+// the chunk_access records until the next moment, a chunk's first access
+// after a zero fill (a chunk_fetch of size 0) fresh (ChunkUse::fresh); its
+// non-model bytes are the peak of live allocator bytes less resident chunk
+// capacity meanwhile.
 #pragma once
 
 #include <cstdint>

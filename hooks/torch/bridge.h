@@ -214,8 +214,15 @@ bool discard_gradient_if_dead_locked(ChunkManager& chunks, ManagedParam& managed
 bool only_the_bridge_holds_bound_grad(const ManagedParam& managed);
 // The same for every managed parameter, or every one of `client`'s.
 void discard_dead_gradients(ChunkManager& chunks, std::optional<ClientId> client = std::nullopt);
-// discard_dead_gradients for `client`, at most once between two step boundaries.
-void discard_dead_gradients_once_per_step(ChunkManager& chunks, ClientId client);
+// Where in a step discard_dead_gradients_once_per_step looks.
+enum class DeadGradientCheck {
+  first_param_use,       // the first op of the step that uses one of the model's parameters
+  first_fresh_gradient,  // the first gradient of the step's backward
+};
+// discard_dead_gradients for `client`, at most once at `check` between two
+// step boundaries. Cheap when it has looked already.
+void discard_dead_gradients_once_per_step(ChunkManager& chunks, ClientId client,
+                                          DeadGradientCheck check);
 // Note [A parameter unfrozen after manage()] (manage.cc): a parameter frozen
 // when managed that requires grad now gets its grad chunk, bound, and the
 // hook on its gradient accumulator. Cheap when there is nothing to do.

@@ -14,16 +14,27 @@
 //
 // One gradient discarded frees its chunk only with the others in it, so the
 // bridge discards every such gradient at once: at spillway::step() (a loop
-// that zeroes after the optimizer step), and at the first fresh gradient of
-// a step (a loop that zeroes before its forward), those of that gradient's
-// model, before that gradient is copied in. Later gradients of that backward
-// find theirs discarded already; a loop that never calls step() discards
-// each as its fresh one arrives.
+// that zeroes after the optimizer step); at the first op of a step that uses
+// one of a model's parameters, that model's (a loop that zeroes before its
+// forward: the forward's activations get the room at once, and the planned
+// policy has the whole forward to zero the chunks on the device ahead of the
+// backward; found there only at the backward, each grad chunk was dropped and
+// zeroed on use, while the host waited); and at the first fresh gradient of
+// a step (a loop that zeroes between its forward and backward), that
+// gradient's model's, before it is copied in. Later gradients of that
+// backward find theirs discarded already; a loop that never calls step()
+// discards each as its fresh one arrives.
+//
+// Each of the last two looks once per step and model, and the op hook asks at
+// every op with a parameter, so the question that it has looked already is
+// answered from a per-thread memo of the last (model, step), without the
+// lock, for the ops of one model in a row.
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <tuple>
 
 #include "hooks/torch/bridge.h"
 #include "hooks/torch/held_only_by.h"
@@ -55,14 +66,26 @@ void discard_dead_gradients(ChunkManager& chunks, std::optional<ClientId> client
 
 // Per client: a backward reads the gradients of its own model only, which no
 // other thread's backward writes (models may train side by side on threads).
-void discard_dead_gradients_once_per_step(ChunkManager& chunks, ClientId client) {
+void discard_dead_gradients_once_per_step(ChunkManager& chunks, ClientId client,
+                                          DeadGradientCheck check) {
+  // The manager too: a process may configure spillway again (tests do).
+  using Where = std::tuple<const ChunkManager*, ClientId, DeadGradientCheck>;
+  struct Looked {
+    Where where;
+    std::uint64_t step;
+  };
+  thread_local std::optional<Looked> t_looked_at[2];  // one per check: a backward asks both
   static std::mutex mutex;
-  static std::map<ClientId, std::uint64_t>* const discarded_in_step =
-      new std::map<ClientId, std::uint64_t>();  // never destroyed
+  static std::map<Where, std::uint64_t>* const looked_in_step =
+      new std::map<Where, std::uint64_t>();  // never destroyed
+  const Where where{&chunks, client, check};
   const std::uint64_t step = chunks.steps_ended();
+  std::optional<Looked>& t_looked = t_looked_at[static_cast<std::size_t>(check)];
+  if (t_looked && t_looked->where == where && t_looked->step == step) return;
+  t_looked = Looked{where, step};
   {
     std::lock_guard lock(mutex);
-    const auto [it, inserted] = discarded_in_step->try_emplace(client, step);
+    const auto [it, inserted] = looked_in_step->try_emplace(where, step);
     if (!inserted && it->second == step) return;
     it->second = step;
   }

@@ -141,7 +141,8 @@ class RebindAfterAccumulation final : public torch::autograd::FunctionPostHook {
       managed->gradient_unreduced.store(true, std::memory_order_release);
       ChunkManager& chunks = active_chunk_manager();
       if (gradient_is_fresh(*managed))
-        discard_dead_gradients_once_per_step(chunks, managed->client);
+        discard_dead_gradients_once_per_step(chunks, managed->client,
+                                             DeadGradientCheck::first_fresh_gradient);
       rebind_grad_if_replaced(chunks, *managed);
       reduce_as_backward_completes(*managed);
     }

@@ -274,6 +274,9 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   std::size_t overrun_bytes = 0;
   for (ManagedInput& input : managed) {
     if (input.binding.managed != nullptr && input.binding.kind == TensorKind::param) {
+      // Note [A gradient set to none is not fetched] (dead_gradients.cc).
+      discard_dead_gradients_once_per_step(chunks, input.binding.managed->client,
+                                           DeadGradientCheck::first_param_use);
       // Note [A parameter unfrozen after manage()] (manage.cc): throws only
       // when registering fails, which the op cannot go on without.
       give_gradient_if_unfrozen(chunks, input.binding.managed);

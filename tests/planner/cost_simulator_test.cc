@@ -64,6 +64,34 @@ TEST(CostSimulator, PrefetchHidesCopiesWhenBandwidthAllows) {
   EXPECT_GT(lru.last().stall_ns, 0.0);
 }
 
+// forward_backward, with each backward op also writing a gradient chunk of
+// its own, fresh each step (discarded after it) or not.
+StepTrace with_gradients(bool fresh) {
+  StepTrace trace = forward_backward(6, 1'000'000);
+  for (TracedOp& op : trace.ops) {
+    if (!op.name.starts_with("bwd")) continue;
+    op.chunks.push_back({static_cast<PlanChunk>(10 + op.chunks[0].chunk), true, fresh});
+  }
+  return trace;
+}
+
+// planner.h, dead bytes: chunks rewritten from zeros each step cost no
+// write-back when they leave and no copy when they come back, under every
+// policy, and so the bound's traffic is smaller too.
+TEST(CostSimulator, FreshChunksAreZeroedNotCopied) {
+  const StepTrace fresh = with_gradients(true);
+  const StepTrace kept = with_gradients(false);
+  const CostModel model{4 * kChunk, kChunk, 0, 1e9, 1e9};
+  for (SimPolicy policy : {SimPolicy::planned, SimPolicy::lru, SimPolicy::belady}) {
+    const SimResult zeroed = simulate(fresh, model, policy, 4);
+    const SimResult copied = simulate(kept, model, policy, 4);
+    ASSERT_TRUE(zeroed.ok() && copied.ok()) << policy_name(policy);
+    EXPECT_LT(zeroed.last().h2d_bytes, copied.last().h2d_bytes) << policy_name(policy);
+    EXPECT_LT(zeroed.last().d2h_bytes, copied.last().d2h_bytes) << policy_name(policy);
+  }
+  EXPECT_LT(step_bound(fresh, model).h2d_bytes, step_bound(kept, model).h2d_bytes);
+}
+
 TEST(CostSimulator, BoundIsComputeOrCopyTime) {
   const StepTrace trace = forward_backward(8, 1000);
   const CostModel model{4 * kChunk, kChunk, 0, 1e9, 1e9};

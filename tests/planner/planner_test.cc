@@ -175,6 +175,48 @@ TEST(Planner, CleanChunksAreEvictedBeforeDirtyOnesAtEqualDistance) {
   EXPECT_TRUE(plan.end.at(0));
 }
 
+// planner.h, dead bytes: a gradient chunk discarded after each step (fresh at
+// its first use) is neither written back nor copied in, only zeroed.
+StepTrace gradient_and_weight(bool fresh) {
+  StepTrace trace;
+  trace.ops.push_back({"backward", 1000, 0, {{0, true, fresh}}});
+  trace.ops.push_back({"forward", 1000, 0, {{1, false}}});
+  return trace;
+}
+
+TEST(Planner, DeadBytesAreNeitherWrittenBackNorCopied) {
+  const CostModel model{kChunk, kChunk};  // one chunk at a time
+  const StepTrace fresh = gradient_and_weight(true);
+  const Plan plan = plan_steady(fresh, model);
+  ASSERT_EQ(check_plan(fresh, model, plan), std::nullopt);
+  EXPECT_EQ(plan.fetches, 2u);
+  EXPECT_EQ(plan.h2d_bytes, kChunk) << "only the weight chunk is copied";
+  EXPECT_EQ(plan.d2h_bytes, 0u) << "the gradient's bytes are dead when it leaves";
+  ASSERT_EQ(plan.ops[0].fetch.size(), 1u);
+  EXPECT_TRUE(plan.ops[0].fetch[0].zero_fill);
+  EXPECT_EQ(plan.ops[0].fetch[0].use_op, 0u) << "a zero fill is issued at its use";
+
+  const StepTrace kept = gradient_and_weight(false);
+  const Plan copied = plan_steady(kept, model);
+  EXPECT_EQ(copied.h2d_bytes, 2 * kChunk);
+  EXPECT_EQ(copied.d2h_bytes, kChunk);
+  // The check refuses a zero fill that would lose the gradient's bytes.
+  EXPECT_NE(check_plan(kept, model, plan), std::nullopt);
+}
+
+TEST(Planner, BytesDieAfterTheLastUseBeforeAFreshOneAcrossTheStepsEnd) {
+  StepTrace trace;
+  trace.ops.push_back({"a", 1, 0, {{0, false, true}, {1, false}}});
+  trace.ops.push_back({"b", 1, 0, {{0, true}}});
+  trace.ops.push_back({"c", 1, 0, {{1, true}}});
+  const std::vector<std::vector<PlanChunk>> dead = dead_after(trace);
+  ASSERT_EQ(dead.size(), 3u);
+  EXPECT_TRUE(dead[0].empty());
+  EXPECT_EQ(dead[1], std::vector<PlanChunk>{0})
+      << "chunk 0's next use is the next step's fresh one";
+  EXPECT_TRUE(dead[2].empty());
+}
+
 TEST(Planner, TheSmallestBudgetIsTheLargestOpsChunksAndNonModelBytes) {
   StepTrace trace;
   trace.ops.push_back({"embed", 1, 4096, {{0, false}}});

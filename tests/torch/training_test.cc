@@ -217,6 +217,9 @@ struct TrainingResult {
   // Managed runs, after each step: whether every gradient in grad chunks
   // reads as zeros (Note [A gradient set to none is not fetched]).
   std::vector<bool> gradients_zero_after_step;
+  // Managed runs, each step after its (first) forward: whether every
+  // gradient in grad chunks is discarded (state free).
+  std::vector<bool> gradients_discarded_after_forward;
   // hold_first_gradient: whether the held gradient kept its values through
   // each zero_grad, backward and step boundary.
   bool held_gradient_kept = true;
@@ -239,6 +242,19 @@ bool gradients_in_chunks_read_as_zeros() {
       EXPECT_EQ(chunks.release_host(id), spillway::Status::ok);
     }
   return zeros;
+}
+
+// Whether every gradient in grad chunks is discarded: its bytes do not matter.
+bool gradients_in_chunks_discarded() {
+  spillway::ChunkManager& chunks = spillway::Runtime::process().chunk_manager();
+  for (std::uint32_t client = 0; client < 64; ++client)
+    for (const spillway::TensorId id : chunks.tensors_of(spillway::ClientId{client})) {
+      const auto info = chunks.tensor_info(id);
+      if (info && info->kind == spillway::TensorKind::grad &&
+          info->state != spillway::TensorState::free)
+        return false;
+    }
+  return true;
 }
 
 std::uint64_t stat(const std::string& key) {
@@ -292,6 +308,8 @@ class Training {
     torch::Tensor step_loss = torch::zeros({});
     for (int micro = 0; micro < setup_.micro_batches; ++micro) {
       const torch::Tensor output = model_.forward(inputs_[step][micro]);
+      if (managed_ && micro == 0)
+        result_.gradients_discarded_after_forward.push_back(gradients_in_chunks_discarded());
       const torch::Tensor loss = torch::mse_loss(output, targets_[step][micro]);
       loss.backward();
       step_loss = step_loss + loss.detach();
@@ -506,6 +524,21 @@ TEST(TorchBridgeTraining, GradientsSetToNoneAfterTheStepAreDiscardedThere) {
     EXPECT_TRUE(spilled.gradients_zero_after_step[step]) << "step " << step;
 }
 
+// Zeroed before the forward (torch's zero_grad() at a step's start), every
+// gradient is discarded at the forward's first op, so the forward's
+// activations have the room and the backward's grad chunks can be zeroed
+// on the device ahead of it.
+TEST(TorchBridgeTraining, GradientsSetToNoneBeforeTheForwardAreDiscardedAtItsFirstOp) {
+  TrainingSetup setup = adam_setup();
+  setup.zero_grad = ZeroGrad::in_place;  // torch's zero_grad(): set to none
+  const TrainingResult plain = train(setup, /*managed=*/false);
+  const TrainingResult spilled = train(setup, /*managed=*/true);
+  expect_same_results(plain, spilled);
+  ASSERT_EQ(spilled.gradients_discarded_after_forward.size(), static_cast<std::size_t>(kSteps));
+  for (std::size_t step = 0; step < spilled.gradients_discarded_after_forward.size(); ++step)
+    EXPECT_TRUE(spilled.gradients_discarded_after_forward[step]) << "step " << step;
+}
+
 // A gradient someone holds is not discarded: its values stay.
 TEST(TorchBridgeTraining, AGradientSomeoneHoldsKeepsItsBytesThroughZeroGrad) {
   TrainingSetup setup = adam_setup();
@@ -530,6 +563,9 @@ TEST(TorchBridgeTraining, AGradientHeldThroughTheBackwardKeepsItsValues) {
   const TrainingResult spilled = train(setup, /*managed=*/true);
   expect_same_results(plain, spilled);
   EXPECT_TRUE(spilled.held_gradient_kept);
+  // Held from step 0's update on, it is not discarded at the forward's first op.
+  for (std::size_t step = 1; step < spilled.gradients_discarded_after_forward.size(); ++step)
+    EXPECT_FALSE(spilled.gradients_discarded_after_forward[step]) << "step " << step;
 }
 
 // zero_grad(set_to_none=false): the gradients stay, as zeros the backward

@@ -52,6 +52,10 @@ class Timeline {
     for (std::size_t k = 0; k < copies.fetch.size(); ++k) {
       const PlannedFetch& fetch = copies.fetch[k];
       const double room = k < room_free.size() ? room_free[k] : issue;
+      if (fetch.zero_fill) {
+        arrival_[fetch.chunk] = std::max(issue, room);  // no link, no FIFO (planner.h)
+        continue;
+      }
       const double start = std::max({issue, h2d_free_, room});
       h2d_free_ = start + model_.h2d_ns(model_.chunk_size);
       arrival_[fetch.chunk] = h2d_free_;
@@ -84,9 +88,12 @@ class Timeline {
 };
 
 // Online LRU: demand fetch; victims are the least recently used chunks the
-// op does not need.
+// op does not need. Dead bytes (planner.h) are the bridge's doing, not the
+// policy's, so LRU has them too.
 class LruResidency {
  public:
+  explicit LruResidency(const StepTrace& trace) : dead_(dead_after(trace)) {}
+
   OpPlan before(const TracedOp& op, std::size_t capacity) {
     std::set<PlanChunk> needed;
     for (const ChunkUse& use : op.chunks) needed.insert(use.chunk);
@@ -107,7 +114,7 @@ class LruResidency {
       it = recency_.erase(it);
     }
     for (PlanChunk chunk : missing) {
-      copies.fetch.push_back({chunk, 0});
+      copies.fetch.push_back({chunk, 0, fresh_use(op, chunk)});
       position_[chunk] = recency_.insert(recency_.end(), chunk);
       dirty_[chunk] = false;
     }
@@ -118,12 +125,20 @@ class LruResidency {
     return copies;
   }
 
+  // Op `index` ran: the chunks whose bytes die after it are clean.
+  void after(std::size_t index) {
+    for (PlanChunk chunk : dead_[index]) {
+      if (auto it = dirty_.find(chunk); it != dirty_.end()) it->second = false;
+    }
+  }
+
   Residency residency() const { return Residency(dirty_.begin(), dirty_.end()); }
 
  private:
   std::list<PlanChunk> recency_;
   std::map<PlanChunk, std::list<PlanChunk>::iterator> position_;
   std::map<PlanChunk, bool> dirty_;
+  std::vector<std::vector<PlanChunk>> dead_;
 };
 
 std::set<PlanChunk> all_chunks(const StepTrace& trace) {
@@ -139,6 +154,7 @@ void run_lru(const StepTrace& trace, const std::vector<std::size_t>& capacity, T
   timeline.begin_step();
   for (std::size_t i = 0; i < trace.ops.size(); ++i) {
     timeline.run_op(trace.ops[i], lru.before(trace.ops[i], capacity[i]));
+    lru.after(i);
   }
   result.steps.push_back(timeline.end_step());
 }
@@ -202,7 +218,7 @@ SimResult simulate(const StepTrace& trace, const CostModel& model, SimPolicy pol
         break;
       }
       case SimPolicy::lru: {
-        LruResidency lru;
+        LruResidency lru(trace);
         for (std::size_t s = 0; s < steps; ++s) run_lru(trace, capacity, timeline, lru, result);
         break;
       }
@@ -210,7 +226,7 @@ SimResult simulate(const StepTrace& trace, const CostModel& model, SimPolicy pol
         if (plan_options.choose_headroom && steps > 1) {
           plan_options.headroom_reserve = choose_headroom_reserve(trace, model, plan_options);
         }
-        LruResidency lru;
+        LruResidency lru(trace);
         if (steps > 0) run_lru(trace, capacity, timeline, lru, result);
         // A plan depends only on the residency it starts from, and that
         // settles after a step or two, so plans are memoised by it.

@@ -31,6 +31,11 @@ std::optional<std::string> check_plan(const StepTrace& trace, const CostModel& m
     }
     for (const PlannedFetch& fetch : plan.ops[i].fetch) {
       if (fetch.use_op < i) return where + "fetch for an earlier op";
+      if (fetch.use_op >= trace.ops.size()) return where + "fetch for an op past the step";
+      // A zero fill in place of a copy loses the chunk's bytes.
+      if (fetch.zero_fill && !fresh_use(trace.ops[fetch.use_op], fetch.chunk)) {
+        return where + "zeroes chunk " + std::to_string(fetch.chunk) + ", whose use is not fresh";
+      }
       if (!resident.insert(fetch.chunk).second) {
         return where + "fetches chunk " + std::to_string(fetch.chunk) + ", already resident";
       }

@@ -56,12 +56,39 @@ class NextUse {
 struct Miss {
   PlanChunk chunk = 0;
   std::size_t op = 0;
+  bool zero_fill = false;  // its use is fresh
   bool has_victim = false;
   PlannedEviction victim;
   std::size_t victim_last_use = kNone;  // last op before `op` that used the victim
 };
 
 }  // namespace
+
+bool fresh_use(const TracedOp& op, PlanChunk chunk) {
+  for (const ChunkUse& use : op.chunks) {
+    if (use.chunk == chunk) return use.fresh;  // the op's first use decides
+  }
+  return false;
+}
+
+std::vector<std::vector<PlanChunk>> dead_after(const StepTrace& trace) {
+  const std::size_t n = trace.ops.size();
+  std::vector<std::vector<PlanChunk>> dead(n);
+  // Walking back twice over the step sees every use's next one, across the
+  // step's end too.
+  std::map<PlanChunk, bool> next_fresh;
+  for (std::size_t k = 2 * n; k-- > 0;) {
+    const TracedOp& op = trace.ops[k % n];
+    for (PlanChunk chunk : distinct_chunks(op)) {
+      if (k < n) {
+        auto next = next_fresh.find(chunk);
+        if (next != next_fresh.end() && next->second) dead[k].push_back(chunk);
+      }
+      next_fresh[chunk] = fresh_use(op, chunk);
+    }
+  }
+  return dead;
+}
 
 std::uint64_t smallest_budget(const StepTrace& trace, const CostModel& model) {
   std::uint64_t smallest = 0;
@@ -97,6 +124,7 @@ Plan plan_step(const StepTrace& trace, const CostModel& model, const Residency& 
   const std::size_t n = trace.ops.size();
   const std::vector<std::size_t> capacity = chunk_capacity(trace, model);
   const NextUse next_use(trace, options.cyclic);
+  const std::vector<std::vector<PlanChunk>> dead = dead_after(trace);
   const std::size_t reserve = options.prefetch_reserve;
   const std::size_t tightest =
       capacity.empty() ? 0 : *std::min_element(capacity.begin(), capacity.end());
@@ -143,7 +171,7 @@ Plan plan_step(const StepTrace& trace, const CostModel& model, const Residency& 
     // Pair victims with fetches; a victim beyond the fetches is a shrink
     // (this op's non-model peak leaves fewer chunks) and stays at this op.
     for (std::size_t m = 0; m < missing.size(); ++m) {
-      Miss miss{missing[m], i};
+      Miss miss{missing[m], i, fresh_use(trace.ops[i], missing[m])};
       if (m < victims.size()) {
         miss.has_victim = true;
         miss.victim = victims[m];
@@ -160,6 +188,9 @@ Plan plan_step(const StepTrace& trace, const CostModel& model, const Residency& 
     for (const ChunkUse& use : trace.ops[i].chunks) {
       if (use.write) resident[use.chunk] = true;
     }
+    for (PlanChunk chunk : dead[i]) {
+      if (auto it = resident.find(chunk); it != resident.end()) it->second = false;
+    }
     for (PlanChunk chunk : needed) last_use[chunk] = i;
     count[i] = resident.size();
   }
@@ -172,6 +203,15 @@ Plan plan_step(const StepTrace& trace, const CostModel& model, const Residency& 
   for (const Miss& miss : misses) {
     std::size_t fetch_op = miss.op;
     std::size_t evict_op = miss.op;
+    if (miss.zero_fill) {
+      // No copy to hide and no place in the fetch FIFO: issued at its use.
+      if (miss.has_victim) {
+        plan.ops[evict_op].evict.push_back(miss.victim);
+        evicted_at[miss.victim.chunk] = evict_op;
+      }
+      plan.ops[fetch_op].fetch.push_back({miss.chunk, miss.op, true});
+      continue;
+    }
     if (options.prefetch) {
       std::size_t earliest = previous_issue;
       if (auto it = evicted_at.find(miss.chunk); it != evicted_at.end()) {
@@ -230,8 +270,10 @@ Plan plan_step(const StepTrace& trace, const CostModel& model, const Residency& 
   for (const OpPlan& op : plan.ops) {
     plan.fetches += op.fetch.size();
     plan.evictions += op.evict.size();
+    for (const PlannedFetch& fetch : op.fetch) {
+      if (!fetch.zero_fill) plan.h2d_bytes += model.chunk_size;
+    }
   }
-  plan.h2d_bytes = plan.fetches * model.chunk_size;
   return plan;
 }
 

@@ -23,6 +23,12 @@
 // write, while it stays resident, so its eviction is free and the fetch
 // into its room does not wait for a device-to-host copy.
 //
+// Dead bytes: a chunk whose next use is fresh (ChunkUse::fresh) holds
+// nothing worth keeping after its use before, so from then on it is clean (it
+// leaves without a write-back), and its fetch for the fresh use is a zero
+// fill: no bytes, no copy time, and no place in the fetch FIFO (it has a
+// stream of its own at run time), so it is issued at its use.
+//
 // Headroom: the tightest moment of a step sets how many chunks must move, so
 // at roomier moments (the optimizer phase, without activations) a chunk or
 // two can often be left free at no cost in bytes; fetches then start before
@@ -49,6 +55,8 @@ struct PlannedEviction {
 struct PlannedFetch {
   PlanChunk chunk = 0;
   std::size_t use_op = 0;  // the op that needs it
+  // Its use is fresh (ChunkUse::fresh): zeroed on the device, no copy.
+  bool zero_fill = false;
 };
 
 // What to do when the compute stream reaches an op, before the op runs:
@@ -102,6 +110,12 @@ class PlanError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+// For each op, the chunks whose bytes are dead after it: their next use,
+// into the next step's repetition, is fresh (ChunkUse::fresh).
+std::vector<std::vector<PlanChunk>> dead_after(const StepTrace& trace);
+// Whether op's use of `chunk` is fresh.
+bool fresh_use(const TracedOp& op, PlanChunk chunk);
 
 // Chunks that fit beside each op's non-model bytes. Throws PlanError when an
 // op's own chunks and non-model bytes do not fit.

@@ -20,6 +20,13 @@ struct ChunkUse {
   // A written chunk is dirty until it leaves the device, and leaving then
   // costs a device-to-host copy; a chunk only read since it arrived is dropped.
   bool write = false;
+  // The chunk has no bytes before this use: what it held since its use
+  // before is dead (every tensor in it discarded, as the gradients set to
+  // none after a step are). It leaves after that earlier use without a
+  // write-back, and comes in for this one zeroed on the device, with no copy
+  // (Note [A chunk without bytes is zeroed on the device] in
+  // allocator/chunk/chunk_manager.cc).
+  bool fresh = false;
 };
 
 struct TracedOp {

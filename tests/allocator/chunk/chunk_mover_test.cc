@@ -12,7 +12,9 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -83,6 +85,34 @@ class ChunkMoverTest : public ::testing::Test {
     mover.record_release(moves, compute_);
     mover.fence_reuse(moves, block, kBlockBytes);
     return gate;
+  }
+
+  // A kernel still reading the old payload when the block is given back and
+  // handed to `write_new`, which puts a new payload there: the new bytes
+  // must land after that kernel, whatever stream writes them.
+  void expect_reuse_after_the_previous_payload(
+      const std::function<Status(ChunkMover&, PayloadMoves&, void*)>& write_new,
+      const std::vector<std::uint8_t>& new_bytes, const std::string& what) {
+    ChunkMover mover(device_);
+    KernelQueue kernels(device_);
+    PayloadMoves old_payload;
+    PayloadMoves new_payload;
+    void* block = new_block();
+    const std::vector<std::uint8_t> old_bytes = pattern(4);  // read by copies in flight
+    {
+      const auto gate =
+          give_back_under_a_held_kernel(mover, kernels, old_payload, block, old_bytes);
+      EXPECT_EQ(mover.reuse_fence_count(), 1u);
+      ASSERT_EQ(write_new(mover, new_payload, block), Status::ok) << what;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));  // room for a wrong early write
+    }
+    mover.wait_for_moves(new_payload);
+    device_.synchronize();
+
+    EXPECT_EQ(kernels.mismatches(), 0) << what << " overwrote the block under a kernel";
+    EXPECT_TRUE(equals(block, new_bytes)) << what;
+    mover.forget(old_payload);
+    mover.forget(new_payload);
   }
 
   SimDevice device_;
@@ -173,29 +203,12 @@ TEST_F(ChunkMoverTest, AFetchReadsTheHostCopyAfterTheWriteBackThatProducesIt) {
 }
 
 TEST_F(ChunkMoverTest, AFetchIntoAReusedBlockWaitsForTheWorkOfItsPreviousPayload) {
-  ChunkMover mover(device_);
-  KernelQueue kernels(device_);
-  PayloadMoves old_payload;
-  PayloadMoves new_payload;
-  void* block = new_block();
-  const std::vector<std::uint8_t> old_bytes = pattern(4);
   const std::vector<std::uint8_t> new_bytes = pattern(5);
-  {
-    // A kernel still reading the old payload when the block is given back
-    // and handed to the next fetch.
-    const auto gate = give_back_under_a_held_kernel(mover, kernels, old_payload, block, old_bytes);
-    EXPECT_EQ(mover.reuse_fence_count(), 1u);
-    ASSERT_EQ(mover.fetch(new_payload, block, kBlockBytes, new_bytes.data(), kBlockBytes),
-              Status::ok);
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // room for a wrong early copy
-  }
-  mover.wait_for_moves(new_payload);
-  device_.synchronize();
-
-  EXPECT_EQ(kernels.mismatches(), 0) << "the fetch overwrote the block under a kernel";
-  EXPECT_TRUE(equals(block, new_bytes));
-  mover.forget(old_payload);
-  mover.forget(new_payload);
+  expect_reuse_after_the_previous_payload(
+      [&](ChunkMover& mover, PayloadMoves& moves, void* block) {
+        return mover.fetch(moves, block, kBlockBytes, new_bytes.data(), kBlockBytes);
+      },
+      new_bytes, "the fetch");
 }
 
 TEST_F(ChunkMoverTest, AFetchIntoAnotherBlockDoesNotQueueBehindAFence) {
@@ -220,6 +233,42 @@ TEST_F(ChunkMoverTest, AFetchIntoAnotherBlockDoesNotQueueBehindAFence) {
   EXPECT_EQ(kernels.mismatches(), 0);
   mover.forget(old_payload);
   mover.forget(new_payload);
+}
+
+// Note [Two copy streams]: a zero fill has a stream of its own, so it does
+// not wait for the fetches queued before it.
+TEST_F(ChunkMoverTest, AZeroFillDoesNotQueueBehindTheFetchesAhead) {
+  ChunkMover mover(device_);
+  PayloadMoves fetched;
+  PayloadMoves filled;
+  void* fetch_block = new_block();
+  void* fill_block = new_block();
+  std::memset(fill_block, 0xab, kBlockBytes);
+  const std::vector<std::uint8_t> bytes = pattern(8);
+  {
+    StreamGate gate(device_, mover.fetch_stream());
+    ASSERT_EQ(mover.fetch(fetched, fetch_block, kBlockBytes, bytes.data(), kBlockBytes),
+              Status::ok);
+    ASSERT_EQ(mover.zero_fill(filled, fill_block, kBlockBytes, kBlockBytes), Status::ok);
+    EXPECT_TRUE(completes_soon(device_, filled.fetched))
+        << "the zero fill waited for a fetch queued before it";
+    EXPECT_EQ(device_.query_event(fetched.fetched), Status::not_ready)
+        << "the gate did not hold the fetch";
+  }
+  mover.wait_for_moves(fetched);
+  EXPECT_TRUE(equals(fill_block, std::vector<std::uint8_t>(kBlockBytes, 0)));
+  EXPECT_TRUE(equals(fetch_block, bytes));
+  mover.forget(fetched);
+  mover.forget(filled);
+}
+
+// ...but it waits, as a fetch does, for the work on its block's previous payload.
+TEST_F(ChunkMoverTest, AZeroFillIntoAReusedBlockWaitsForTheWorkOfItsPreviousPayload) {
+  expect_reuse_after_the_previous_payload(
+      [](ChunkMover& mover, PayloadMoves& moves, void* block) {
+        return mover.zero_fill(moves, block, kBlockBytes, kBlockBytes);
+      },
+      std::vector<std::uint8_t>(kBlockBytes, 0), "the zero fill");
 }
 
 TEST_F(ChunkMoverTest, CompletedFencesArePrunedAndTheirEventsReused) {

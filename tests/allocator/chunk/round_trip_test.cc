@@ -155,6 +155,26 @@ TEST(ChunkRoundTrip, AChunkWithBytesNowhereIsZeroedOnTheDeviceNotCopied) {
   EXPECT_EQ(chunks.stats().bytes_moved_h2d, moved);
 }
 
+// A tensor discarded again, not used since, leaves its chunk as it is: the
+// chunk zeroed on the device meanwhile (by a prefetch for a coming use)
+// keeps that copy instead of being dropped and zeroed once more.
+TEST(ChunkRoundTrip, DiscardingADiscardedTensorAgainKeepsItsZeroedChunk) {
+  ChunkRig rig;
+  ChunkManager& chunks = *rig.chunks;
+  const ClientId client = chunks.add_client("model");
+  const TensorId a = register_ok(chunks, client, 600 * KiB, "a", TensorKind::grad);
+  write_on_device(chunks, a, random_bytes(600 * KiB, 3));
+  ASSERT_EQ(chunks.discard(a), Status::ok);
+  EXPECT_EQ(chunks.tensor_info(a)->location, Location::none);
+  ASSERT_EQ(chunks.prefetch(a), Status::ok);
+  EXPECT_EQ(chunks.tensor_info(a)->location, Location::device);
+  const std::int64_t fetches = chunks.stats().fetches;
+  ASSERT_EQ(chunks.discard(a), Status::ok);
+  EXPECT_EQ(chunks.tensor_info(a)->location, Location::device) << "the zeroed copy was dropped";
+  EXPECT_TRUE(equal_on_device(chunks, a, std::vector<std::uint8_t>(600 * KiB, 0)));
+  EXPECT_EQ(chunks.stats().fetches, fetches) << "the use zeroed the chunk again";
+}
+
 // A zero-filled chunk read on the host: its device copy is the only one, so
 // acquire_host writes it back first.
 TEST(ChunkRoundTrip, AZeroFilledChunkReadsAsZerosOnTheHost) {

@@ -33,15 +33,15 @@ TEST(PrefetchTiming, StartsOnlyWhenTheNextPointWouldBeTooLate) {
   FetchTiming timing{.now_ns = 0,
                      .next_decision_ns = 1 * kMs,
                      .use_ns = 10 * kMs,
-                     .fetch_stream_free_at_ns = 0,
+                     .stream_free_at_ns = 0,
                      .copy_ns = 2 * kMs};
   EXPECT_FALSE(must_start_now(timing)) << "started at 1 ms it still lands at 3.5 ms";
   timing.next_decision_ns = 8 * kMs;
   EXPECT_TRUE(must_start_now(timing)) << "at 8 ms, 2 ms plus the margin ends past 10 ms";
   timing.next_decision_ns = 1 * kMs;
-  timing.fetch_stream_free_at_ns = 8 * kMs;
+  timing.stream_free_at_ns = 8 * kMs;
   EXPECT_TRUE(must_start_now(timing)) << "queued behind fetches that end at 8 ms";
-  timing.fetch_stream_free_at_ns = 0;
+  timing.stream_free_at_ns = 0;
   timing.next_decision_ns = 0;
   EXPECT_TRUE(must_start_now(timing)) << "no later point to wait for";
 }
@@ -50,7 +50,7 @@ TEST(PrefetchTiming, ExpectedStallIsTheLatenessOfAStartNow) {
   const FetchTiming timing{.now_ns = 5 * kMs,
                            .next_decision_ns = 6 * kMs,
                            .use_ns = 7 * kMs,
-                           .fetch_stream_free_at_ns = 6 * kMs,
+                           .stream_free_at_ns = 6 * kMs,
                            .copy_ns = 3 * kMs};
   EXPECT_EQ(arrival_ns(timing, timing.now_ns), 9 * kMs);
   EXPECT_EQ(expected_stall_ns(timing), 2 * kMs);
@@ -65,7 +65,7 @@ struct FakeClock final : CopyClock {
   std::uint64_t free_at = 0;
   std::optional<std::uint64_t> copy;  // every chunk's; nullopt: bandwidth unknown
   std::uint64_t now_ns() const override { return now; }
-  std::uint64_t fetch_stream_free_at_ns() const override { return free_at; }
+  std::uint64_t stream_free_at_ns(ChunkId) const override { return free_at; }
   bool copies_modelled() const override { return copy.has_value(); }
   std::optional<std::uint64_t> fetch_ns(ChunkId) const override { return copy; }
   // Note [Room a prefetch takes early]: unlimited unless the test says.
