@@ -28,7 +28,9 @@
 // Each of the last two looks once per step and model, and the op hook asks at
 // every op with a parameter, so the question that it has looked already is
 // answered from a per-thread memo of the last (model, step), without the
-// lock, for the ops of one model in a row.
+// bridge's lock, for the ops of one model in a row. Reading the step count
+// takes the chunk manager's lock once per parameter of the op, as each of
+// their acquires does anyway.
 #include <cstdint>
 #include <map>
 #include <memory>

@@ -203,16 +203,9 @@ Plan plan_step(const StepTrace& trace, const CostModel& model, const Residency& 
   for (const Miss& miss : misses) {
     std::size_t fetch_op = miss.op;
     std::size_t evict_op = miss.op;
-    if (miss.zero_fill) {
-      // No copy to hide and no place in the fetch FIFO: issued at its use.
-      if (miss.has_victim) {
-        plan.ops[evict_op].evict.push_back(miss.victim);
-        evicted_at[miss.victim.chunk] = evict_op;
-      }
-      plan.ops[fetch_op].fetch.push_back({miss.chunk, miss.op, true});
-      continue;
-    }
-    if (options.prefetch) {
+    // A zero fill has no copy to hide and no place in the fetch FIFO: it is
+    // issued at its use, and later fetches do not queue behind it.
+    if (options.prefetch && !miss.zero_fill) {
       std::size_t earliest = previous_issue;
       if (auto it = evicted_at.find(miss.chunk); it != evicted_at.end()) {
         earliest = std::max(earliest, it->second);
@@ -235,12 +228,12 @@ Plan plan_step(const StepTrace& trace, const CostModel& model, const Residency& 
       while (fetch_op > earliest && count[fetch_op - 1] + 1 <= capacity[fetch_op - 1]) --fetch_op;
       for (std::size_t k = fetch_op; k < evict_op; ++k) ++count[k];
     }
-    previous_issue = fetch_op;
+    if (!miss.zero_fill) previous_issue = fetch_op;
     if (miss.has_victim) {
       plan.ops[evict_op].evict.push_back(miss.victim);
       evicted_at[miss.victim.chunk] = evict_op;
     }
-    plan.ops[fetch_op].fetch.push_back({miss.chunk, miss.op});
+    plan.ops[fetch_op].fetch.push_back({miss.chunk, miss.op, miss.zero_fill});
   }
 
   // Write-backs move to just after the chunk's last write before its
