@@ -143,7 +143,7 @@
 // unmaps the pages and releases the range (unmapping waits for nothing by
 // itself: Device::unmap_pages):
 //  - the chunk manager frees a chunk's copy with deallocate_after(ptr,
-//    write-back stream), where its fence joined the copy's fetch, users and
+//    fence stream), where its fence joined the copy's fetch, users and
 //    write-back: the allocator records an event there, the slab's fence;
 //  - or with deallocate_idle when all of that is done already: no wait;
 //  - any other free waits for the block's own stream (uses on other streams

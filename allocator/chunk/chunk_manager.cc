@@ -724,13 +724,13 @@ void ChunkManager::drop_device_copy_locked(Chunk& chunk, std::uint16_t trace_det
                      "resident bytes count every device copy");
   // Note [Fenced slabs] in caching_allocator.cc: the allocator's release of
   // the memory waits for nothing when the copy is idle, else for the fence
-  // below, which joins its users and its write-back on the write-back stream.
+  // below, which joins its fetch, users and write-back on the fence stream.
   const bool idle = mover_.device_copy_idle(chunk.moves);
   mover_.fence_reuse(chunk.moves, chunk.device_data, device_copy_bytes(chunk));
   if (idle) {
     allocator_.deallocate_idle(chunk.device_data);
   } else {
-    allocator_.deallocate_after(chunk.device_data, mover_.writeback_stream());
+    allocator_.deallocate_after(chunk.device_data, mover_.fence_stream());
   }
   chunk.device_data = nullptr;
   chunk.device_current = false;

@@ -31,7 +31,7 @@
 // its own. So a dropped block must not be written by a later fetch before
 // everything that used it is done: the callers' kernels (an event recorded
 // at each release, per stream) and the write-back reading it. We join those
-// on the write-back stream and record a *reuse fence* there (one event per
+// on a stream of fences and record a *reuse fence* there (one event per
 // dropped block, Note [Reuse fences]).
 //
 // Note [Reuse fences]
@@ -45,6 +45,16 @@
 // Fences of blocks that the allocator returned to the device are harmless:
 // returning a segment (cudaFree, SimDevice::free) waits for all device work,
 // and completed fences are pruned, their events kept for the next fence.
+//
+// The fences are recorded on a stream of their own, fence_stream_, that
+// holds nothing but event waits and fences. The allocator gives a spilled
+// block back after its fence (Note [Fenced slabs] in caching_allocator.cc),
+// and the fence used to be recorded last on the write-back stream, a FIFO:
+// a clean copy, with no write-back of its own, then waited for every
+// write-back queued before it, milliseconds of other chunks' bytes at the
+// simulated link's rate. On its own stream a fence waits for the copy's own
+// work alone: its fetch, its users, and its write-back if it has one (the
+// write-backs ahead of that one too, as the link runs them in order).
 #include "allocator/chunk/chunk_mover.h"
 
 #include <algorithm>
@@ -79,8 +89,10 @@ ChunkMover::ChunkMover(Device& device) : device_(device) {
                  device_.last_error());
   }
   // Without a stream of their own, fills are correct on the fetch stream,
-  // only queued behind its copies.
+  // only queued behind its copies, and fences on the write-back stream,
+  // behind its write-backs.
   if (device_.create_stream(&fill_stream_) != Status::ok) fill_stream_ = fetch_stream_;
+  if (device_.create_stream(&fence_stream_) != Status::ok) fence_stream_ = writeback_stream_;
 }
 
 ChunkMover::~ChunkMover() {
@@ -88,6 +100,8 @@ ChunkMover::~ChunkMover() {
   for (const ReuseFence& fence : reuse_fences_) device_.destroy_event(fence.event);
   if (fill_stream_.handle != nullptr && fill_stream_.handle != fetch_stream_.handle)
     device_.destroy_stream(fill_stream_);
+  if (fence_stream_.handle != nullptr && fence_stream_.handle != writeback_stream_.handle)
+    device_.destroy_stream(fence_stream_);
   if (fetch_stream_.handle != nullptr) device_.destroy_stream(fetch_stream_);
   if (writeback_stream_.handle != nullptr) device_.destroy_stream(writeback_stream_);
 }
@@ -138,18 +152,21 @@ Status ChunkMover::write_back(PayloadMoves& moves, void* host_data, const void* 
 
 // Note [Reuse fences]
 void ChunkMover::fence_reuse(PayloadMoves& moves, void* device_data, std::size_t block_bytes) {
-  order_writeback_after_releases(moves);
+  // The releases a write-back already waited for are covered by its event.
+  for (const StreamUse& use : moves.stream_uses) {
+    if (use.pending) device_.wait_event(fence_stream_, use.last_release);
+  }
   // A fetch still writing the block: our own next fetch would queue behind
   // it anyway, but the allocator may give the memory back after this fence
   // (Note [Fenced slabs] in caching_allocator.cc).
-  if (moves.fetch_pending) device_.wait_event(writeback_stream_, moves.fetched);
+  if (moves.fetch_pending) device_.wait_event(fence_stream_, moves.fetched);
+  if (moves.writeback_pending) device_.wait_event(fence_stream_, moves.written_back);
   Event fence = spare_events_.take();
   if (fence.handle == nullptr) {
-    device_.synchronize_stream(writeback_stream_);  // no event: idle it the slow way
+    device_.synchronize_stream(fence_stream_);  // no event: idle it the slow way
     return;
   }
-  // After the write-back, if any: it was queued on this stream already.
-  device_.record_event(fence, writeback_stream_);
+  device_.record_event(fence, fence_stream_);
   const auto begin = reinterpret_cast<std::uintptr_t>(device_data);
   reuse_fences_.push_back({begin, begin + block_bytes, fence});
 }
@@ -237,6 +254,7 @@ void ChunkMover::synchronize() {
   device_.synchronize_stream(fetch_stream_);
   device_.synchronize_stream(fill_stream_);
   device_.synchronize_stream(writeback_stream_);
+  device_.synchronize_stream(fence_stream_);
 }
 
 void ChunkMover::note_moves_done(PayloadMoves& moves) {

@@ -72,6 +72,9 @@ class ChunkMover {
   // stream owns them (Note [Streams and chunk payloads]).
   Stream fetch_stream() const { return fetch_stream_; }
   Stream writeback_stream() const { return writeback_stream_; }
+  // Where fence_reuse records its fences: a block given back after its fence
+  // is given back after the work on this stream (Note [Reuse fences]).
+  Stream fence_stream() const { return fence_stream_; }
 
   // Queues the copy of `bytes` from `host_data` into `device_data`, a block
   // of `block_bytes` allocated on fetch_stream(): after the reuse fences on
@@ -93,7 +96,7 @@ class ChunkMover {
   // The device copy [device_data, device_data + block_bytes) goes back to the
   // allocator next: fences it after its fetch, its users and its write-back,
   // so that a later fetch into that memory waits (Note [Reuse fences]). The
-  // fence is recorded on writeback_stream(), last there.
+  // fence is recorded on fence_stream(), last there.
   void fence_reuse(PayloadMoves& moves, void* device_data, std::size_t block_bytes);
 
   // Work queued on `stream` used the device copy; it is kept until that work
@@ -155,7 +158,8 @@ class ChunkMover {
   Device& device_;
   Stream fetch_stream_{};
   Stream writeback_stream_{};
-  Stream fill_stream_{};  // zero fills; fetch_stream_ when it could not be made
+  Stream fill_stream_{};   // zero fills; fetch_stream_ when it could not be made
+  Stream fence_stream_{};  // reuse fences; writeback_stream_ when it could not be made
   std::vector<ReuseFence> reuse_fences_;
   EventPool spare_events_{device_};
 };

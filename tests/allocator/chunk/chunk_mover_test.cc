@@ -341,10 +341,51 @@ TEST_F(ChunkMoverTest, AReuseFenceComesAfterAFetchStillWritingTheBlock) {
   const std::vector<std::uint8_t> bytes = pattern(12);
   ASSERT_EQ(mover.fetch(moves, block, kBlockBytes, bytes.data(), kBlockBytes), Status::ok);
   mover.fence_reuse(moves, block, kBlockBytes);  // dropped before its fetch is done
-  ASSERT_EQ(device_.synchronize_stream(mover.writeback_stream()), Status::ok);
+  ASSERT_EQ(device_.synchronize_stream(mover.fence_stream()), Status::ok);
   EXPECT_EQ(device_.query_event(moves.fetched), Status::ok)
-      << "the write-back stream passed the fence while the fetch still ran";
+      << "the fence stream passed the fence while the fetch still ran";
   mover.forget(moves);
+}
+
+// Note [Reuse fences]: a fence waits for its own copy's write-back, and not
+// for the other copies' write-backs queued on the link before it (a spill
+// gives the block back after the fence: Note [Fenced slabs]).
+TEST_F(ChunkMoverTest, AReuseFenceWaitsForItsOwnWriteBackAndForNoOtherOnTheLink) {
+  ChunkMover mover(device_);
+  PayloadMoves dirty;
+  PayloadMoves clean;
+  void* dirty_block = new_block();
+  void* clean_block = new_block();
+  const std::vector<std::uint8_t> bytes = pattern(13);
+  std::vector<std::uint8_t> host(kBlockBytes, 0);
+  ASSERT_EQ(mover.fetch(dirty, dirty_block, kBlockBytes, bytes.data(), kBlockBytes), Status::ok);
+  ASSERT_EQ(mover.fetch(clean, clean_block, kBlockBytes, bytes.data(), kBlockBytes), Status::ok);
+  mover.wait_for_moves(dirty);
+  mover.wait_for_moves(clean);
+  Event after_clean_fence{};
+  Event after_dirty_fence{};
+  ASSERT_EQ(device_.create_event(&after_clean_fence), Status::ok);
+  ASSERT_EQ(device_.create_event(&after_dirty_fence), Status::ok);
+  {
+    StreamGate gate(device_, mover.writeback_stream());
+    ASSERT_EQ(mover.write_back(dirty, host.data(), dirty_block, kBlockBytes), Status::ok);
+    mover.fence_reuse(clean, clean_block, kBlockBytes);
+    device_.record_event(after_clean_fence, mover.fence_stream());
+    EXPECT_TRUE(completes_soon(device_, after_clean_fence))
+        << "a clean copy's fence waited for another copy's write-back";
+    mover.fence_reuse(dirty, dirty_block, kBlockBytes);
+    device_.record_event(after_dirty_fence, mover.fence_stream());
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // room for a wrong early fence
+    EXPECT_EQ(device_.query_event(after_dirty_fence), Status::not_ready)
+        << "a dirty copy's fence passed before its write-back ran";
+  }
+  ASSERT_EQ(device_.synchronize_event(after_dirty_fence), Status::ok);
+  EXPECT_EQ(device_.query_event(dirty.written_back), Status::ok);
+  EXPECT_TRUE(equals(host.data(), bytes));
+  device_.destroy_event(after_clean_fence);
+  device_.destroy_event(after_dirty_fence);
+  mover.forget(dirty);
+  mover.forget(clean);
 }
 
 // Note [Write-backs ahead of spills]: a write-back may run while the device

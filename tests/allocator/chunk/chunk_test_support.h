@@ -46,6 +46,9 @@ struct ChunkRigOptions {
   // The eviction policy; when empty, the one SPILLWAY_TEST_POLICY names
   // (policy_under_test()).
   std::function<std::unique_ptr<EvictionPolicy>()> make_policy;
+  // CachingAllocatorOptions::expandable_segments: chunk slabs are mapped
+  // pages that go back after their fence (Note [Fenced slabs]).
+  bool expandable_segments = false;
   // ChunkManagerOptions::planned_prefetch.
   bool planned_prefetch = true;
   // ChunkManagerOptions::copy_bytes_per_s is bandwidth_bytes_per_s: planned
@@ -76,6 +79,7 @@ struct ChunkRig {
     CachingAllocatorOptions allocator_options;
     allocator_options.budget_bytes = options.allocator_budget;
     allocator_options.large_slab_bytes = options.chunk_size;
+    allocator_options.expandable_segments = options.expandable_segments;
     allocator = std::make_unique<CachingAllocator>(*device, allocator_options, options.trace);
     ChunkManagerOptions manager_options;
     manager_options.chunk_size = options.chunk_size;

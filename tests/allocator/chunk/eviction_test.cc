@@ -5,8 +5,14 @@
 
 #include <gmock/gmock.h>
 
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <thread>
+
 #include "allocator/policy/lru_policy.h"
 #include "chunk_test_support.h"
+#include "tests/allocator/device/stream_gate.h"
 
 namespace spillway::testing {
 namespace {
@@ -284,6 +290,75 @@ TEST(ChunkEviction, DiscardingEveryTensorReleasesTheChunk) {
   EXPECT_EQ(chunks.stats().chunk_bytes_device, 0);
   EXPECT_EQ(chunks.stats().chunk_bytes_host, 0);
   EXPECT_TRUE(equal_on_device(chunks, b, std::vector<std::uint8_t>(1000, 0)));
+}
+
+// Runs `work` on a thread of its own, joined when this goes.
+class InBackground {
+ public:
+  explicit InBackground(std::function<void()> work)
+      : thread_([this, work = std::move(work)] {
+          work();
+          done_.store(true);
+        }) {}
+  ~InBackground() { thread_.join(); }
+  bool finishes_within(std::chrono::milliseconds patience) const {
+    const auto deadline = std::chrono::steady_clock::now() + patience;
+    while (!done_.load() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return done_.load();
+  }
+
+ private:
+  std::atomic<bool> done_{false};
+  std::thread thread_;  // after done_, which it sets
+};
+
+// Note [Fenced slabs] (caching_allocator.cc) and Note [Reuse fences]
+// (chunk_mover.cc): the slab of an evicted clean chunk goes back to the
+// device after the kernels still reading it, and not after the write-backs
+// queued on the link, which are other chunks'.
+TEST(ChunkEviction, AnEvictedSlabGoesBackAfterItsKernelsAndNotAfterTheLink) {
+  ChunkRigOptions options;
+  options.expandable_segments = true;
+  ChunkRig rig(options);
+  ChunkManager& chunks = *rig.chunks;
+  SimDevice& device = *rig.device;
+  const ClientId client = chunks.add_client("model");
+  const std::size_t bytes = 1536 * KiB;
+  const TensorId id = one_tensor_per_chunk(chunks, client, 1, bytes)[0];
+  const auto expected = random_bytes(bytes, 9);
+  write_on_device(chunks, id, expected);
+  const ChunkId chunk = chunks.tensor_info(id)->chunk;
+  ASSERT_EQ(chunks.evict(chunk), Status::ok);  // written back: clean from here on
+  rig.allocator->empty_cache();
+  Stream compute{};
+  ASSERT_EQ(device.create_stream(&compute), Status::ok);
+  KernelQueue kernels(device);
+  void* slab = nullptr;
+  {
+    StreamGate link(device, chunks.writeback_stream());  // write-backs queued ahead
+    StreamGate kernel(device, compute);
+    ASSERT_EQ(chunks.acquire(id, compute, &slab, AccessMode::read, WaitMode::host), Status::ok)
+        << ChunkManager::last_error();
+    kernels.check(compute, slab, expected, "the kernel queued before the eviction");
+    ASSERT_EQ(chunks.release(id, compute), Status::ok);
+    ASSERT_EQ(chunks.evict(chunk), Status::ok);
+    {
+      InBackground give_back([&] { rig.allocator->empty_cache(); });
+      EXPECT_FALSE(give_back.finishes_within(std::chrono::milliseconds(300)))
+          << "the slab went back while a kernel could still read it";
+      kernel.open();
+      EXPECT_TRUE(give_back.finishes_within(std::chrono::seconds(5)))
+          << "the slab of a clean chunk waited for the write-backs on the link";
+      link.open();
+    }
+  }
+  ASSERT_EQ(device.synchronize_stream(compute), Status::ok);
+  EXPECT_EQ(kernels.mismatches(), 0);
+  EXPECT_FALSE(device.is_mapped(slab, options.chunk_size));
+  EXPECT_EQ(rig.allocator->stats().reserved_bytes.current, 0);
+  EXPECT_TRUE(equal_on_device(chunks, id, expected));
+  device.destroy_stream(compute);
 }
 
 TEST(ChunkLruPolicy, ChoosesTheOldestAcceptableChunk) {
