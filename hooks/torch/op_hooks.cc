@@ -22,6 +22,18 @@
 //    (autograd nodes, user scopes) acquire for reading: the ops inside them
 //    are hooked on their own. The answer is cached per schema, keyed by the
 //    schema's name pointer, which lives as long as the operator.
+//  - Note [Ops that touch no bytes]: a view op (t, transpose, detach: its
+//    outputs alias its inputs, it writes none) and an in-place one that
+//    changes only a tensor's metadata (detach_, t_, squeeze_: torch's
+//    inplace_view tag, less set_ and resize_, which change the storage)
+//    acquire nothing: they read no bytes, so their chunks need not be
+//    resident, and an access there would tell the policy of a use that is
+//    none. LibTorch's zero_grad calls detach_ on every gradient before it
+//    drops it: each was an access, so the policy kept gradient chunks on the
+//    device for it (Belady saw a use at the next step's start), and an
+//    evicted one was fetched to be detached and then discarded. The ops that
+//    do read, inside a composite one (contiguous's clone), are hooked on
+//    their own.
 //  - Note [Set-to-none zero_grad] (grad_binding.cc): when an op uses
 //    a managed parameter whose param.grad autograd replaced, the fresh
 //    gradient is copied into its grad chunk first.
@@ -62,6 +74,8 @@
 #include <utility>
 #include <vector>
 
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/enum_tag.h>
 #include <ATen/record_function.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/SmallVector.h>
@@ -89,11 +103,43 @@ thread_local std::vector<TensorId> t_held_by_enclosing_ops;
 // Note [Which inputs an op writes].
 struct OpWrites {
   std::vector<bool> argument_written;
-  bool varargs_written = false;  // inputs past the schema's arguments
+  bool varargs_written = false;   // inputs past the schema's arguments
+  bool touches_no_bytes = false;  // Note [Ops that touch no bytes]
   bool written(std::size_t input) const {
     return input < argument_written.size() ? argument_written[input] : varargs_written;
   }
 };
+
+// Note [Ops that touch no bytes].
+bool touches_no_bytes(const c10::FunctionSchema& schema) {
+  const std::string& name = schema.name();
+  if (name == "aten::set_" || name == "aten::resize_" || name == "aten::resize_as_") return false;
+  const std::optional<c10::OperatorHandle> handle =
+      c10::Dispatcher::singleton().findOp(schema.operator_name());
+  if (handle && handle->hasTag(at::Tag::inplace_view)) return true;
+  if (schema.returns().empty() || schema.is_vararg()) return false;
+  for (const c10::Argument& argument : schema.arguments()) {
+    const c10::AliasInfo* alias = argument.alias_info();
+    if (alias != nullptr && alias->isWrite()) return false;
+  }
+  for (const c10::Argument& output : schema.returns()) {
+    const c10::AliasInfo* alias = output.alias_info();
+    if (alias == nullptr || alias->isWrite()) return false;  // a new tensor: computed
+  }
+  return true;
+}
+
+// Note [Ops that touch no bytes]: autograd's own records of detach and
+// detach_ (VariableTypeManual.cpp), around the aten ops, carry no schema.
+bool schema_less_view(const char* name) {
+  return std::strcmp(name, "detach") == 0 || std::strcmp(name, "detach_") == 0;
+}
+
+std::shared_ptr<const OpWrites> metadata_only() {
+  static const auto* const writes = new std::shared_ptr<const OpWrites>(
+      std::make_shared<const OpWrites>(OpWrites{.touches_no_bytes = true}));
+  return *writes;
+}
 
 class OpWritesCache {
  public:
@@ -105,13 +151,14 @@ class OpWritesCache {
       if (const auto found = by_name_.find(key); found != by_name_.end()) return found->second;
     }
     const c10::optional<c10::FunctionSchema> schema = fn.operator_schema();
-    if (!schema) return nullptr;
+    if (!schema) return schema_less_view(key) ? metadata_only() : nullptr;
     auto writes = std::make_shared<OpWrites>();
     for (const c10::Argument& argument : schema->arguments()) {
       const c10::AliasInfo* alias = argument.alias_info();
       writes->argument_written.push_back(alias != nullptr && alias->isWrite());
     }
     writes->varargs_written = schema->is_vararg();
+    writes->touches_no_bytes = touches_no_bytes(*schema);
     std::unique_lock lock(mutex_);
     by_name_.emplace(key, writes);
     return writes;
@@ -246,6 +293,7 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
     }
   }
   if (managed.empty()) return nullptr;
+  if (writes != nullptr && writes->touches_no_bytes) return nullptr;
 
   // Note [Parameters gathered for their use] (sharded_params.cc): before
   // anything is acquired, so that the gather's own ops find them present.

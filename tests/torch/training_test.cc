@@ -539,6 +539,47 @@ TEST(TorchBridgeTraining, GradientsSetToNoneBeforeTheForwardAreDiscardedAtItsFir
     EXPECT_TRUE(spilled.gradients_discarded_after_forward[step]) << "step " << step;
 }
 
+// Note [Ops that touch no bytes]: LibTorch's zero_grad() detaches each
+// gradient before it drops it, and a view of a parameter is made before the
+// op that reads it. Neither fetches an evicted chunk; the op that reads does,
+// and reads the parameter's values.
+TEST(TorchBridgeTraining, DetachingOrViewingEvictedTensorsFetchesNothing) {
+  const TrainingSetup setup = adam_setup();  // Training keeps a reference
+  Training run(setup, /*managed=*/true);
+  run.run_step(0);
+  std::vector<torch::Tensor> params = run.module().parameters();
+  std::vector<torch::Tensor> values;
+  for (const torch::Tensor& param : params) values.push_back(param.detach().clone());
+  int gradients = 0;
+  for (const torch::Tensor& param : params) gradients += param.grad().defined() ? 1 : 0;
+  ASSERT_GT(gradients, 0) << "the step left no gradient to detach";
+  spillway::ChunkManager& chunks = spillway::Runtime::process().chunk_manager();
+  for (std::uint32_t client = 0; client < 64; ++client)
+    for (const spillway::TensorId id : chunks.tensors_of(spillway::ClientId{client})) {
+      const spillway::ChunkId chunk = chunks.tensor_info(id)->chunk;
+      ASSERT_EQ(chunks.evict(chunk), spillway::Status::ok) << spillway::ChunkManager::last_error();
+      EXPECT_NE(chunks.chunk_info(chunk)->location, spillway::Location::device);
+    }
+  const std::uint64_t fetched_before = stat("bytes_moved.h2d");
+
+  torch::optim::SGD(params, torch::optim::SGDOptions(0.1)).zero_grad();  // detach_, then none
+  std::vector<torch::Tensor> views;
+  for (const torch::Tensor& param : params) {
+    views.push_back(param.dim() == 2 ? param.t() : param.view({-1}));
+    views.push_back(param.detach());
+  }
+  EXPECT_EQ(stat("bytes_moved.h2d"), fetched_before) << "a detach or a view fetched a chunk";
+  for (const torch::Tensor& param : params) EXPECT_FALSE(param.grad().defined());
+
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const torch::Tensor& value = values[i];
+    EXPECT_TRUE(torch::equal(views[2 * i].clone(), value.dim() == 2 ? value.t() : value.view({-1})))
+        << "parameter " << i;
+    EXPECT_TRUE(torch::equal(views[2 * i + 1].clone(), value)) << "parameter " << i;
+  }
+  EXPECT_GT(stat("bytes_moved.h2d"), fetched_before) << "the reads fetched nothing";
+}
+
 // A gradient someone holds is not discarded: its values stay.
 TEST(TorchBridgeTraining, AGradientSomeoneHoldsKeepsItsBytesThroughZeroGrad) {
   TrainingSetup setup = adam_setup();
