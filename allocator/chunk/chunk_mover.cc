@@ -78,6 +78,13 @@ bool contains(std::span<const Event> events, Event event) {
   return std::find(events.begin(), events.end(), event) != events.end();
 }
 
+// Note [Streams and chunk payloads]: `stream` waits for the latest release
+// on every stream whose work on the copy nothing has waited for yet.
+void wait_for_pending_releases(Device& device, const PayloadMoves& moves, Stream stream) {
+  for (const StreamUse& use : moves.stream_uses)
+    if (use.pending) device.wait_event(stream, use.last_release);
+}
+
 }  // namespace
 
 ChunkMover::ChunkMover(Device& device) : device_(device) {
@@ -153,9 +160,7 @@ Status ChunkMover::write_back(PayloadMoves& moves, void* host_data, const void* 
 // Note [Reuse fences]
 void ChunkMover::fence_reuse(PayloadMoves& moves, void* device_data, std::size_t block_bytes) {
   // The releases a write-back already waited for are covered by its event.
-  for (const StreamUse& use : moves.stream_uses) {
-    if (use.pending) device_.wait_event(fence_stream_, use.last_release);
-  }
+  wait_for_pending_releases(device_, moves, fence_stream_);
   // A fetch still writing the block: our own next fetch would queue behind
   // it anyway, but the allocator may give the memory back after this fence
   // (Note [Fenced slabs] in caching_allocator.cc).
@@ -305,10 +310,9 @@ void ChunkMover::wait_for_reuse_fences(void* data, std::size_t bytes, Stream str
 }
 
 void ChunkMover::order_writeback_after_releases(PayloadMoves& moves) {
-  for (StreamUse& use : moves.stream_uses) {
-    if (use.pending) device_.wait_event(writeback_stream_, use.last_release);
-    use.pending = false;  // later work on this stream is ordered after them
-  }
+  wait_for_pending_releases(device_, moves, writeback_stream_);
+  // Later work on the write-back stream is ordered after them.
+  for (StreamUse& use : moves.stream_uses) use.pending = false;
 }
 
 }  // namespace spillway
