@@ -154,6 +154,19 @@ class ChunkManager::FetchClock final : public CopyClock {
     return static_cast<std::uint64_t>(
         manager_.allocator_.stats().allocated_bytes_non_model.current);
   }
+  // As allocate_device_copy_locked and make_room_locked judge it.
+  bool fits_without_eviction(ChunkId id) const override {
+    const Chunk* chunk = manager_.find_chunk_locked(id);
+    if (chunk == nullptr) return false;
+    const std::size_t bytes = manager_.device_copy_bytes(*chunk);
+    if (manager_.resident_bytes_ + bytes > manager_.device_budget_bytes_) return false;
+    const Stats stats = manager_.allocator_.stats();
+    const auto reserved = static_cast<std::size_t>(stats.reserved_bytes.current);
+    const auto cached = reserved - static_cast<std::size_t>(stats.active_bytes.current);
+    const std::size_t budget = manager_.allocator_.budget_bytes();
+    const std::size_t headroom = budget > reserved ? budget - reserved : 0;
+    return headroom >= bytes || cached >= bytes;
+  }
 
  private:
   const ChunkManager& manager_;

@@ -53,6 +53,8 @@ class CopyClock {
   // non-model bytes allocated now.
   virtual std::uint64_t room_bytes(ChunkId chunk) const = 0;
   virtual std::uint64_t non_model_bytes() const = 0;
+  // Whether the chunk's device copy would fit now without evicting another.
+  virtual bool fits_without_eviction(ChunkId chunk) const = 0;
 
  protected:
   ~CopyClock() = default;

@@ -295,29 +295,41 @@ std::optional<PlannedFetch> PlannedPolicy::timed_prefetch(const CopyClock& clock
                            .copy_ns = *copy_ns};
   if (!must_start_now(timing)) return std::nullopt;
   // Note [Room a prefetch takes early].
+  const std::size_t victims = clock.fits_without_eviction(next->chunk) ? 1 : 2;
   if (crowded_before(next->ahead, clock.non_model_bytes(), clock.room_bytes(next->chunk)) &&
-      !victim_at_use(next->ahead)) {
+      !victims_at_use(next->ahead, victims)) {
     return std::nullopt;
   }
   return PlannedFetch{next->chunk, expected_stall_ns(timing)};
 }
 
-bool PlannedPolicy::victim_at_use(std::size_t ahead) const {
-  const std::optional<Victim> victim = farthest_next_use(position_ + ahead, nullptr);
-  return victim && distance_to_next_use(victim->chunk) > ahead;
+bool PlannedPolicy::victims_at_use(std::size_t ahead, std::size_t wanted) const {
+  // Belady's `wanted` choices at the use: the resident chunks next used
+  // farthest from there, least recent first among ties.
+  const std::size_t use = position_ + ahead;
+  std::vector<Victim> farthest;
+  for (const ChunkId chunk : lru_.recency()) {
+    const Victim victim{chunk, distance_from(use, chunk)};
+    const auto at = std::ranges::find_if(
+        farthest, [&](const Victim& other) { return victim.next_use > other.next_use; });
+    farthest.insert(at, victim);
+    if (farthest.size() > wanted) farthest.pop_back();
+  }
+  if (farthest.size() < wanted) return false;
+  return std::ranges::all_of(
+      farthest, [&](const Victim& victim) { return distance_to_next_use(victim.chunk) > ahead; });
 }
 
 bool PlannedPolicy::crowded_before(std::size_t ahead, std::uint64_t now, std::uint64_t room) const {
   const std::size_t size = sequence_.size();
   const std::size_t begin = position_ % size;
-  const std::uint64_t at_use = std::max(sequence_[(begin + ahead) % size].non_model_high_water,
-                                        sequence_[(begin + ahead + 1) % size].non_model_high_water);
-  const std::uint64_t room_left = now > std::numeric_limits<std::uint64_t>::max() - room
+  const std::uint64_t threshold = now > std::numeric_limits<std::uint64_t>::max() - room
                                       ? std::numeric_limits<std::uint64_t>::max()
                                       : now + room;
-  const std::uint64_t threshold = std::max(room_left, at_use);
-  // The window [begin, begin + ahead) runs into the next repetition at most once.
-  const std::size_t end = begin + ahead;
+  // Up to the use's access itself (its high water is the rise just before
+  // it); the use's op allocates once the chunk is in use, and cannot evict it.
+  // The window [begin, begin + ahead] runs into the next repetition at most once.
+  const std::size_t end = begin + ahead + 1;
   if (end > size && high_waters_.last_above(0, end - size, threshold)) return true;
   return high_waters_.last_above(begin, std::min(end, size), threshold).has_value();
 }

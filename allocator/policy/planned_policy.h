@@ -127,13 +127,21 @@
 //    today's (CopyClock::non_model_bytes) by more than the room the device
 //    would have left with the chunk in (CopyClock::room_bytes, in whole small
 //    slabs, since an activation that fits no cached fragment takes a new
-//    slab), and above their level at the use (the use's op needs that room
-//    anyway, so a later start avoids no spill there);
+//    slab). Up to the use's access: once the use's op holds the chunk, its
+//    own allocations spill another. A rise no higher than the one at the use
+//    counts too: the spill at the use takes a chunk whose uses are over, one
+//    before it takes the incoming chunk in flight (the optimizer of the demo's
+//    GPT with torch's Adam, whose temporaries rise to the same level at every
+//    parameter, spilled a chunk it prefetched three times before its use);
 //  - and the fetch has no victim of its own: Belady's choice at its use
-//    (Note [Planned prefetch]) is used before then. The room for the peak
-//    then comes from the chunks used before the incoming one, or from the
-//    incoming chunk itself, which a spill takes as soon as the others have
-//    had their last use before it.
+//    (Note [Planned prefetch]) is used before then; or, where the fetch must
+//    evict a chunk to come in (CopyClock::fits_without_eviction), so is its
+//    second choice, as the first leaves for the fetch, not for the peak (the
+//    same optimizer: a fetch took the one chunk done until its use, and the
+//    temporaries' next slab spilled the fetch in flight). The room for the
+//    peak then comes from the chunks used before the incoming one, or from
+//    the incoming chunk itself, which a spill takes as soon as the others
+//    have had their last use before it.
 // It starts once the peak is behind it, or on use. Where the fetch has a
 // victim, that chunk leaves for the peak instead, as it would at the use,
 // and the fetch is not held: holding every fetch under a peak measured
@@ -234,13 +242,13 @@ class PlannedPolicy final : public EvictionPolicy {
   // Note [Planned prefetch]: the next chunk to bring in, if any.
   std::optional<Candidate> next_prefetch(std::size_t lookahead) const;
   // Note [Room a prefetch takes early]: whether non-model bytes are traced to
-  // grow past `now` (today's) and `room`, and past their level at the use,
-  // before the access `ahead` on.
+  // grow past `now` (today's) plus `room` before the access `ahead` on, up
+  // to that access.
   bool crowded_before(std::size_t ahead, std::uint64_t now, std::uint64_t room) const;
-  // Whether Belady's victim at the access `ahead` on (the resident chunk
-  // next used farthest from there) is unused until then: a chunk that may
-  // leave early to make room (Note [Planned prefetch]).
-  bool victim_at_use(std::size_t ahead) const;
+  // Whether Belady's `wanted` victims at the access `ahead` on (the resident
+  // chunks next used farthest from there) are unused until then: chunks that
+  // may leave early to make room (Note [Planned prefetch]).
+  bool victims_at_use(std::size_t ahead, std::size_t wanted) const;
   // The clock's predicted time of the access at sequence index `index`
   // (past the end: the next repetition), from the latest access.
   std::uint64_t predicted_ns(std::size_t index) const;

@@ -307,7 +307,16 @@ void report_simulated(const TracedStep& traced, const plan::CostModel& model,
 // tests the noise. Budgets go up 1 MiB at a time to the first at which
 // nothing moves; the simulator takes the traced step's non-model bytes,
 // which do not depend on the budget.
+//
+// The search runs on the measured run's traced step, whose ops took longer
+// than at a larger budget (their allocations waited for spills), which
+// leaves more time to hide copies behind: the budget found there was not
+// hidden on the trace of the run made at it (0.04 to 0.14 of the step
+// expected). So each budget found is checked on its own run's traced step,
+// and while the simulator does not hide the traffic there, the search goes
+// on from that trace, kHideableSearches times at most.
 constexpr double kHiddenStall = 0.01;
+constexpr int kHideableSearches = 3;
 
 std::optional<std::uint64_t> hideable_budget(const plan::StepTrace& step, plan::CostModel model) {
   const std::uint64_t start = (model.device_budget / kMiB + 1) * kMiB;
@@ -350,6 +359,72 @@ void report_budget_sweep(const plan::StepTrace& step, plan::CostModel model) {
                             planned.last().stall_ns / planned.last().step_ns,
                             planned.last().step_ns / bound.bound_ns, *belady));
   }
+}
+
+// A planned run at `budget`, traced, and the simulator's stall on its own
+// traced step at that budget, as a fraction of its step.
+struct HideableRun {
+  ChildResult result;
+  TracedStep traced;
+  double sim_stall_fraction = 0;
+};
+
+HideableRun run_hideable(const std::vector<std::string>& parent_args, const Options& options,
+                         plan::CostModel model, std::uint64_t budget) {
+  const std::string trace = trace_path("hideable");
+  HideableRun run;
+  run.result = run_in_child(with_budget(parent_args, fmt::format("{}", budget)), "planned",
+                            model.h2d_bytes_per_s, trace);
+  run.traced = read_traced_step(trace, last_step(options));
+  model.device_budget = budget;
+  const plan::SimResult simulated =
+      plan::simulate(run.traced.step, model, plan::SimPolicy::planned, 4);
+  if (!simulated.ok()) throw std::runtime_error("cost simulator, planned: " + simulated.error);
+  run.sim_stall_fraction = simulated.last().stall_ns / simulated.last().step_ns;
+  return run;
+}
+
+// Note [Where the stall goal applies]: searches from the measured run's
+// traced step, then checks the budget found on the trace of the run made
+// there, and searches on from that trace while the simulator does not hide
+// the traffic on it.
+void report_hideable(const Options& options, const std::vector<std::string>& parent_args,
+                     const TracedStep& measured, plan::CostModel model) {
+  std::optional<std::uint64_t> hideable = hideable_budget(measured.step, model);
+  std::optional<HideableRun> run;
+  for (int search = 0; hideable && search < kHideableSearches; ++search) {
+    run = run_hideable(parent_args, options, model, *hideable);
+    if (run->sim_stall_fraction <= kHiddenStall) break;
+    report_note(fmt::format(
+        "at {} MiB the simulator on the run's own traced step expects a stall of {:.3f} of the "
+        "step: not hidden; searching on from that trace",
+        *hideable / kMiB, run->sim_stall_fraction));
+    model.device_budget = *hideable;
+    hideable = hideable_budget(run->traced.step, model);
+  }
+  if (!hideable) {
+    report_note(
+        "no budget between the measured one and the whole model's where the simulator hides "
+        "the planned policy's traffic");
+    return;
+  }
+  if (run->sim_stall_fraction > kHiddenStall) {
+    report_note(fmt::format(
+        "after {} searches the simulator does not hide the traffic on any run's own trace: "
+        "no _hideable figures",
+        kHideableSearches));
+    return;
+  }
+  report_metric("train_hideable_budget_mib", static_cast<double>(*hideable) / 1048576.0, "MiB");
+  const ChildResult& hidden = run->result;
+  report_metric("train_hideable_h2d_mib_per_step", hidden.h2d_bytes / 1048576.0, "MiB");
+  report_metric("train_step_ms_planned_hideable", hidden.step_ms, "ms");
+  report_metric("train_stall_fraction_planned_hideable",
+                hidden.stall_ms / (hidden.total_step_ms / options.steps), "ratio");
+  report_metric("train_spill_wait_fraction_planned_hideable",
+                hidden.spill_wait_ms / (hidden.total_step_ms / options.steps), "ratio");
+  model.device_budget = *hideable;
+  report_simulated(run->traced, model, "_hideable");
 }
 
 // The runs and the simulator; failures go to report_failure.
@@ -405,25 +480,7 @@ void measure(Options options, const std::vector<std::string>& parent_args) {
   report_simulated(traced, model, "");
   report_budget_sweep(traced.step, model);
   // 4. Where the simulator hides the traffic: Note [Where the stall goal applies].
-  const std::optional<std::uint64_t> hideable = hideable_budget(traced.step, model);
-  if (!hideable) {
-    report_note(
-        "no budget between this one and the whole model's where the simulator hides "
-        "the planned policy's traffic");
-    return;
-  }
-  report_metric("train_hideable_budget_mib", static_cast<double>(*hideable) / 1048576.0, "MiB");
-  const std::string hidden_trace = trace_path("hideable");
-  const ChildResult hidden = run_in_child(with_budget(parent_args, fmt::format("{}", *hideable)),
-                                          "planned", bandwidth, hidden_trace);
-  report_metric("train_hideable_h2d_mib_per_step", hidden.h2d_bytes / 1048576.0, "MiB");
-  report_metric("train_step_ms_planned_hideable", hidden.step_ms, "ms");
-  report_metric("train_stall_fraction_planned_hideable",
-                hidden.stall_ms / (hidden.total_step_ms / options.steps), "ratio");
-  report_metric("train_spill_wait_fraction_planned_hideable",
-                hidden.spill_wait_ms / (hidden.total_step_ms / options.steps), "ratio");
-  model.device_budget = *hideable;
-  report_simulated(read_traced_step(hidden_trace, last_step(options)), model, "_hideable");
+  report_hideable(options, parent_args, traced, model);
 }
 
 int run_parent(const Options& options, const std::vector<std::string>& base_args) {

@@ -9,6 +9,50 @@
 
 namespace spillway::bench {
 
+namespace {
+
+// Note [Spills are not compute]
+// An allocation that spills waits on the host for the victims' slabs (their
+// write-backs, fetches still in flight, kernels: Note [Fenced slabs] in
+// caching_allocator.cc) inside the op that allocates. Counted as the op's
+// compute, those waits raised the simulator's bound with every wait the
+// run made: a run whose spills waited 25 ms a step had a bound 25 ms above
+// its compute, and so seemed 1.09 of it where it took 1.36 of its compute.
+// So each op's duration also leaves out its spills. A spill is the run of
+// eviction events (write-backs, the device copies' frees and drops, the
+// slabs given back and taken) that ends with the block's alloc and the
+// spill_for_allocation event, all written on the allocating thread, and it
+// lasts from the first of them to the last. This is the host time of the
+// spill (the wait, and the eviction's own bookkeeping, a few microseconds).
+//
+// The host time of the spill that ends with the spill_for_allocation event
+// events[at].
+std::uint64_t spill_ns(const std::vector<TraceEvent>& events, std::size_t at) {
+  std::size_t first = at;
+  // The block's own alloc comes just before.
+  if (first > 0 && events[first - 1].kind == TraceEventKind::alloc) --first;
+  bool evicted = false;
+  while (first > 0) {
+    const TraceEventKind kind = events[first - 1].kind;
+    const TraceEventKind next = events[first].kind;
+    // A victim's device copy is freed just before its drop, after its
+    // write-back if dirty; any other free is an activation's, before the spill.
+    const bool in_spill = kind == TraceEventKind::chunk_drop ||
+                          kind == TraceEventKind::segment_free ||
+                          kind == TraceEventKind::segment_alloc ||
+                          (kind == TraceEventKind::free && next == TraceEventKind::chunk_drop) ||
+                          (kind == TraceEventKind::chunk_writeback &&
+                           (next == TraceEventKind::free || next == TraceEventKind::chunk_drop));
+    if (!in_spill) break;
+    evicted = evicted || kind == TraceEventKind::chunk_drop;
+    --first;
+  }
+  if (!evicted || events[at].time_ns < events[first].time_ns) return 0;
+  return events[at].time_ns - events[first].time_ns;
+}
+
+}  // namespace
+
 TracedStep traced_step(const TraceFileContents& trace, std::uint64_t step) {
   TracedStep result;
   const std::vector<TraceEvent>& events = trace.events;
@@ -21,13 +65,14 @@ TracedStep traced_step(const TraceFileContents& trace, std::uint64_t step) {
   std::uint64_t step_start_ns = 0;  // step 1: its first op
   std::uint64_t step_end_ns = 0;
   std::vector<std::uint64_t> begins;  // each moment's begin
-  std::vector<std::uint64_t> stalls;  // host stall inside each moment
+  std::vector<std::uint64_t> stalls;  // host stalls and spills inside each moment
   // Chunks zeroed on the device and not accessed since: their next access is fresh.
   std::unordered_set<std::uint64_t> zero_filled;
   auto non_model = [&] {
     return live_bytes > resident_chunk_bytes ? live_bytes - resident_chunk_bytes : 0;
   };
-  for (const TraceEvent& event : events) {
+  for (std::size_t index = 0; index < events.size(); ++index) {
+    const TraceEvent& event = events[index];
     switch (event.kind) {
       case TraceEventKind::alloc:
         live_blocks[event.address] = event.size;
@@ -85,6 +130,8 @@ TracedStep traced_step(const TraceFileContents& trace, std::uint64_t step) {
     plan::TracedOp& op = out.ops.back();
     op.non_model_bytes = std::max(op.non_model_bytes, non_model());
     if (event.kind == TraceEventKind::stall) stalls.back() += event.size;
+    if (event.kind == TraceEventKind::spill_for_allocation)
+      stalls.back() += spill_ns(events, index);
     if (event.kind == TraceEventKind::chunk_access) {
       const auto chunk = static_cast<plan::PlanChunk>(event.address);
       const bool write = event.detail == kTraceDetailReadWrite;

@@ -5,7 +5,8 @@
 // Each top-level op (op_begin with no enclosing op) is a moment. Its duration
 // runs to the next top-level op's begin (the last one's to the step event),
 // so work between hooked ops (activation-only ops) counts as compute, less
-// the host's stalls inside it (the simulator adds its own). Its chunks are
+// the host's stalls and spills inside it (the simulator adds its own: Note
+// [Spills are not compute] in traced_step.cc). Its chunks are
 // the chunk_access records until the next moment, a chunk's first access
 // after a zero fill (a chunk_fetch of size 0) fresh (ChunkUse::fresh); its
 // non-model bytes are the peak of live allocator bytes less resident chunk

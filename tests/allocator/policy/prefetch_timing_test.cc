@@ -73,6 +73,8 @@ struct FakeClock final : CopyClock {
   std::uint64_t room_bytes(ChunkId) const override { return room; }
   std::uint64_t non_model = 0;
   std::uint64_t non_model_bytes() const override { return non_model; }
+  bool fits = true;
+  bool fits_without_eviction(ChunkId) const override { return fits; }
 };
 
 // Where each prefetch started: -1 at the step's end before the step, i after
@@ -224,6 +226,7 @@ StartPoints follow_with_non_model(PlannedPolicy& policy, FakeClock& clock,
   clock.now = sequence.size() * kMs;
   policy.note_time(clock.now);
   policy.on_step_end();
+  clock.non_model = 0;  // the step's activations are gone at its end
   for (int id : absent) policy.on_evicted(chunk(id));
   StartPoints points;
   const std::uint64_t step_start = clock.now;
@@ -236,14 +239,22 @@ StartPoints follow_with_non_model(PlannedPolicy& policy, FakeClock& clock,
 }
 
 TEST(PlannedPolicyTiming, AFetchWithNoVictimOfItsOwnWaitsPastATracedPeak) {
-  // Chunk 3 is absent; the device has 1 byte left beside it.
-  const auto start_of_3 = [&](const std::vector<int>& sequence,
-                              const std::vector<std::uint64_t>& non_model, std::uint64_t copy_ns) {
+  // Chunk 3 is absent; the device has 1 byte left beside it (and room for
+  // it without an eviction unless `fits` says not).
+  const auto started = [&](const std::vector<int>& sequence,
+                           const std::vector<std::uint64_t>& non_model, std::uint64_t copy_ns,
+                           bool fits = true) {
     PlannedPolicy policy(1);
     FakeClock clock;
     clock.copy = copy_ns;
     clock.room = 1;
-    return follow_with_non_model(policy, clock, sequence, non_model, {3}).started_after.at(3);
+    clock.fits = fits;
+    return follow_with_non_model(policy, clock, sequence, non_model, {3}).started_after;
+  };
+  const auto start_of_3 = [&](const std::vector<int>& sequence,
+                              const std::vector<std::uint64_t>& non_model, std::uint64_t copy_ns,
+                              bool fits = true) {
+    return started(sequence, non_model, copy_ns, fits).at(3);
   };
   // Used at 6 ms, its 5 ms copy must start at the step's start; activations
   // peak at 2 bytes at access 4. Chunks 0, 1 and 2 are all used before it.
@@ -251,14 +262,26 @@ TEST(PlannedPolicyTiming, AFetchWithNoVictimOfItsOwnWaitsPastATracedPeak) {
   const std::vector<std::uint64_t> peak = {0, 0, 0, 0, 2, 0, 0};
   EXPECT_EQ(start_of_3(sequence, peak, 5 * kMs), 4) << "held until the peak is behind it";
   EXPECT_EQ(start_of_3(sequence, {0, 0, 0, 0, 0, 0, 0}, 5 * kMs), -1) << "no peak";
-  EXPECT_EQ(start_of_3(sequence, {0, 0, 0, 0, 2, 0, 2}, 5 * kMs), -1)
-      << "its own op needs as much: a later start avoids no spill";
+  EXPECT_EQ(start_of_3(sequence, {0, 0, 0, 0, 2, 0, 2}, 5 * kMs), 4)
+      << "a rise just before its access as high as the peak does not release it early: a "
+         "spill there would take the chunk in flight";
+  EXPECT_EQ(start_of_3(sequence, {0, 0, 0, 0, 0, 0, 2}, 5 * kMs), 5)
+      << "a rise just before its access (the op before ends) counts: held until chunk 2 has "
+         "had its last use before it and can leave for that rise";
+  EXPECT_EQ(start_of_3({0, 1, 2, 0, 1, 2, 3, 0}, {0, 0, 0, 0, 0, 0, 0, 2}, 5 * kMs), -1)
+      << "its own op allocates once it holds the chunk: no reason to wait";
   // Used at 4 ms, a 1.5 ms copy must start after access 2; a peak at access 3.
   const std::vector<std::uint64_t> late_peak = {0, 0, 0, 2, 0};
   EXPECT_EQ(start_of_3({0, 1, 2, 0, 3}, late_peak, 1500 * 1000), 2)
       << "chunk 2, Belady's choice at its use, is not used before: it leaves for the peak";
   EXPECT_EQ(start_of_3({0, 1, 2, 2, 3}, late_peak, 1500 * 1000), 3)
       << "chunk 2 is used before it: no victim of its own";
+  // Belady's choices at access 4: chunk 2, then chunk 1, used at access 3.
+  EXPECT_EQ(start_of_3({0, 1, 2, 1, 3}, late_peak, 1500 * 1000), 2)
+      << "room for it without an eviction: chunk 2 leaves for the peak";
+  EXPECT_EQ(start_of_3({0, 1, 2, 1, 3}, late_peak, 1500 * 1000, /*fits=*/false), 3)
+      << "chunk 2 leaves for the fetch itself, and chunk 1 is used before it: no victim for "
+         "the peak";
 }
 
 // A device of `slots` chunk-sized slots shared by chunks and activations,
@@ -333,6 +356,7 @@ class SlotDevice final : public EvictionCandidates {
   void prefetch() {
     // The room an incoming chunk leaves (the chunk manager's room_bytes).
     clock_.room = used() < slots_ ? slots_ - used() - 1 : 0;
+    clock_.fits = used() < slots_;
     clock_.non_model = activations_;
     while (const std::optional<PlannedFetch> next = policy_.timed_prefetch(clock_)) {
       if (used() == slots_) {
@@ -343,6 +367,7 @@ class SlotDevice final : public EvictionCandidates {
       }
       fetch(next->chunk);
       clock_.room = used() < slots_ ? slots_ - used() - 1 : 0;
+      clock_.fits = used() < slots_;
     }
   }
 
