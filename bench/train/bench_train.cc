@@ -362,11 +362,14 @@ void report_budget_sweep(const plan::StepTrace& step, plan::CostModel model) {
 }
 
 // A planned run at `budget`, traced, and the simulator's stall on its own
-// traced step at that budget, as a fraction of its step.
+// traced step at that budget, as a fraction of its step (nothing when the
+// simulator cannot run that step at that budget).
 struct HideableRun {
   ChildResult result;
   TracedStep traced;
-  double sim_stall_fraction = 0;
+  std::optional<double> sim_stall_fraction;
+
+  bool hidden() const { return sim_stall_fraction && *sim_stall_fraction <= kHiddenStall; }
 };
 
 HideableRun run_hideable(const std::vector<std::string>& parent_args, const Options& options,
@@ -379,8 +382,7 @@ HideableRun run_hideable(const std::vector<std::string>& parent_args, const Opti
   model.device_budget = budget;
   const plan::SimResult simulated =
       plan::simulate(run.traced.step, model, plan::SimPolicy::planned, 4);
-  if (!simulated.ok()) throw std::runtime_error("cost simulator, planned: " + simulated.error);
-  run.sim_stall_fraction = simulated.last().stall_ns / simulated.last().step_ns;
+  if (simulated.ok()) run.sim_stall_fraction = simulated.last().stall_ns / simulated.last().step_ns;
   return run;
 }
 
@@ -394,11 +396,14 @@ void report_hideable(const Options& options, const std::vector<std::string>& par
   std::optional<HideableRun> run;
   for (int search = 0; hideable && search < kHideableSearches; ++search) {
     run = run_hideable(parent_args, options, model, *hideable);
-    if (run->sim_stall_fraction <= kHiddenStall) break;
+    if (run->hidden()) break;
     report_note(fmt::format(
-        "at {} MiB the simulator on the run's own traced step expects a stall of {:.3f} of the "
-        "step: not hidden; searching on from that trace",
-        *hideable / kMiB, run->sim_stall_fraction));
+        "at {} MiB the simulator on the run's own traced step {}: not hidden; searching on from "
+        "that trace",
+        *hideable / kMiB,
+        run->sim_stall_fraction
+            ? fmt::format("expects a stall of {:.3f} of the step", *run->sim_stall_fraction)
+            : std::string("cannot run (its ops need a larger budget)")));
     model.device_budget = *hideable;
     hideable = hideable_budget(run->traced.step, model);
   }
@@ -408,7 +413,7 @@ void report_hideable(const Options& options, const std::vector<std::string>& par
         "the planned policy's traffic");
     return;
   }
-  if (run->sim_stall_fraction > kHiddenStall) {
+  if (!run->hidden()) {
     report_note(fmt::format(
         "after {} searches the simulator does not hide the traffic on any run's own trace: "
         "no _hideable figures",
