@@ -81,6 +81,17 @@ std::size_t physical_memory_bytes() {
   return static_cast<std::size_t>(pages) * static_cast<std::size_t>(page_size);
 }
 
+// Whether the allocator surely has a block of `bytes` without evicting: room
+// under its budget, or that many cached bytes (which may be fragments).
+bool allocator_has_room(const CachingAllocator& allocator, std::size_t bytes) {
+  const Stats stats = allocator.stats();
+  const auto reserved = static_cast<std::size_t>(stats.reserved_bytes.current);
+  const auto cached = reserved - static_cast<std::size_t>(stats.active_bytes.current);
+  const std::size_t budget = allocator.budget_bytes();
+  const std::size_t headroom = budget > reserved ? budget - reserved : 0;
+  return headroom >= bytes || cached >= bytes;
+}
+
 }  // namespace
 
 ChunkManagerOptions ChunkManagerOptions::from_config(const Config& config) {
@@ -160,12 +171,7 @@ class ChunkManager::FetchClock final : public CopyClock {
     if (chunk == nullptr) return false;
     const std::size_t bytes = manager_.device_copy_bytes(*chunk);
     if (manager_.resident_bytes_ + bytes > manager_.device_budget_bytes_) return false;
-    const Stats stats = manager_.allocator_.stats();
-    const auto reserved = static_cast<std::size_t>(stats.reserved_bytes.current);
-    const auto cached = reserved - static_cast<std::size_t>(stats.active_bytes.current);
-    const std::size_t budget = manager_.allocator_.budget_bytes();
-    const std::size_t headroom = budget > reserved ? budget - reserved : 0;
-    return headroom >= bytes || cached >= bytes;
+    return allocator_has_room(manager_.allocator_, bytes);
   }
 
  private:
@@ -560,12 +566,7 @@ Status ChunkManager::allocate_device_copy_locked(Chunk& chunk, FetchReason reaso
   for (;;) {
     // Evicting first when the allocator surely has no room spares it an
     // out-of-memory (its counters and trace would show one per fetch).
-    const Stats allocator_stats = allocator_.stats();
-    const auto reserved = static_cast<std::size_t>(allocator_stats.reserved_bytes.current);
-    const auto cached = reserved - static_cast<std::size_t>(allocator_stats.active_bytes.current);
-    const std::size_t budget = allocator_.budget_bytes();
-    const std::size_t headroom = budget > reserved ? budget - reserved : 0;
-    if (headroom < bytes && cached < bytes && evict_one_locked(planned)) continue;
+    if (!allocator_has_room(allocator_, bytes) && evict_one_locked(planned)) continue;
 
     Status status;
     {

@@ -241,20 +241,15 @@ StartPoints follow_with_non_model(PlannedPolicy& policy, FakeClock& clock,
 TEST(PlannedPolicyTiming, AFetchWithNoVictimOfItsOwnWaitsPastATracedPeak) {
   // Chunk 3 is absent; the device has 1 byte left beside it (and room for
   // it without an eviction unless `fits` says not).
-  const auto started = [&](const std::vector<int>& sequence,
-                           const std::vector<std::uint64_t>& non_model, std::uint64_t copy_ns,
-                           bool fits = true) {
+  const auto start_of_3 = [&](const std::vector<int>& sequence,
+                              const std::vector<std::uint64_t>& non_model, std::uint64_t copy_ns,
+                              bool fits = true) {
     PlannedPolicy policy(1);
     FakeClock clock;
     clock.copy = copy_ns;
     clock.room = 1;
     clock.fits = fits;
-    return follow_with_non_model(policy, clock, sequence, non_model, {3}).started_after;
-  };
-  const auto start_of_3 = [&](const std::vector<int>& sequence,
-                              const std::vector<std::uint64_t>& non_model, std::uint64_t copy_ns,
-                              bool fits = true) {
-    return started(sequence, non_model, copy_ns, fits).at(3);
+    return follow_with_non_model(policy, clock, sequence, non_model, {3}).started_after.at(3);
   };
   // Used at 6 ms, its 5 ms copy must start at the step's start; activations
   // peak at 2 bytes at access 4. Chunks 0, 1 and 2 are all used before it.
