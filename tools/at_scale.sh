@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # At scale, on paper: simulated training step time of GPT-style models from
 # 1B to 70B parameters on one H200-like device, against the lower bound
-# max(compute, bytes that must move / bandwidth), with spillway-sim.
+# max(compute, bytes that must move / bandwidth), raised where room forces
+# copies into a stretch of the step, with spillway-sim.
 #
 #   tools/at_scale.sh [--quick] [--check] [--sim PATH] [--chunksize PATH]
 #
@@ -72,18 +73,22 @@ for row in "${rows[@]}"; do
   fi
   # bound per step: B ms = max(compute C ms, h2d H MB, d2h D MB at the copy bandwidth)
   read -r compute_ms h2d_mb d2h_mb < <(echo "$out" | sed -n \
-    's/^bound per step: .* = max(compute \([0-9.]*\) ms, h2d \([0-9.]*\) MB, d2h \([0-9.]*\) MB.*/\1 \2 \3/p')
+    's/^bound per step: .* = max(compute \([0-9.]*\) ms, h2d \([0-9.]*\) MB, d2h \([0-9.]*\) MB.*/\1 \2 \3/p') || true
+  # ...: F ms; the copies room forces into stretches of the step: R ms)
+  read -r flat_ms room_ms < <(echo "$out" | sed -n \
+    's/^bound per step: .* bandwidth: \([0-9.]*\) ms; .* step: \([0-9.]*\) ms)$/\1 \2/p') || true
   bound_ns=$(echo "$out" | awk '$2 == "sim_bound_ns" {print $3}')
   step_ns=$(echo "$out" | awk '$2 == "sim_planned_step_ns" {print $3}')
-  if [[ -z "$bound_ns" || -z "$step_ns" || -z "$compute_ms" ]]; then
+  if [[ -z "$bound_ns" || -z "$step_ns" || -z "$compute_ms" || -z "$room_ms" ]]; then
     echo "| $name | $layers x $d_model | spillway-sim printed no bound or step |"
     failures=$((failures + 1))
     continue
   fi
   line=$(awk -v n="$name" -v l="$layers" -v d="$d_model" -v p="$params" -v c="$compute_ms" \
-      -v h="$h2d_mb" -v w="$d2h_mb" -v b="$bound_ns" -v s="$step_ns" -v bw="$PCIE_GBPS" 'BEGIN {
+      -v h="$h2d_mb" -v w="$d2h_mb" -v b="$bound_ns" -v s="$step_ns" -v bw="$PCIE_GBPS" \
+      -v f="$flat_ms" -v r="$room_ms" 'BEGIN {
     copy_ms = (h > w ? h : w) / bw;  # MB at GB/s is ms
-    by = copy_ms > c ? "copy" : "compute";
+    by = r > f ? "room" : (copy_ms > c ? "copy" : "compute");
     printf "| %s | %d x %d | %.2fB | %.0f GB | %.1f | %.1f / %.1f | %.1f | %s | %.1f | %.3f |",
       n, l, d, p / 1e9, p * 16 / 1e9, c, h / 1e3, w / 1e3, b / 1e6, by, s / 1e6, s / b }')
   if [[ -n "$chunksize" ]]; then

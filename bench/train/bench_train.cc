@@ -273,8 +273,11 @@ void report_simulated(const TracedStep& traced, const plan::CostModel& model,
                       const std::string& suffix) {
   const plan::StepBound bound = plan::step_bound(traced.step, model);
   const plan::SimResult simulated = plan::simulate(traced.step, model, plan::SimPolicy::planned, 4);
-  report_note(fmt::format("traced step{}: {} ops, compute {:.1f} ms, bound {:.1f} ms", suffix,
-                          traced.step.ops.size(), bound.compute_ns / 1e6, bound.bound_ns / 1e6));
+  report_note(
+      fmt::format("traced step{}: {} ops, bound {:.1f} ms (compute {:.1f}, compute or link {:.1f}, "
+                  "room {:.1f})",
+                  suffix, traced.step.ops.size(), bound.bound_ns / 1e6, bound.compute_ns / 1e6,
+                  bound.flat_ns / 1e6, bound.room_ns / 1e6));
   report_metric("train_sim_bound_ms" + suffix, bound.bound_ns / 1e6, "ms");
   if (!simulated.ok()) throw std::runtime_error("cost simulator, planned: " + simulated.error);
   report_metric("train_sim_stall_fraction_planned" + suffix,

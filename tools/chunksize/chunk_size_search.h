@@ -52,7 +52,7 @@ struct CandidateResult {
   std::uint64_t capacity_bytes = 0;
   double step_ns = 0;  // the last simulated step, planned policy
   double stall_ns = 0;
-  double bound_ns = 0;          // step_bound: max(compute, bytes that must move / bandwidth)
+  double bound_ns = 0;          // step_bound: compute, link and room (cost_simulator.h)
   std::uint64_t h2d_bytes = 0;  // in the last step
   std::uint64_t d2h_bytes = 0;
 

@@ -165,6 +165,58 @@ void run_plan(const StepTrace& trace, const Plan& plan, Timeline& timeline, SimR
   result.steps.push_back(timeline.end_step());
 }
 
+// Note [A bound that knows room]
+// max(compute, bytes / bandwidth) assumes the copies can spread over the
+// whole step. Where room is short they cannot: the optimizer's phase of a
+// step that spills touches every chunk while the optimizer's state leaves
+// room for few, so its copies cannot run during the forward's compute. A
+// stretch of ops [a, b) lasts at least its compute, and at least the copy
+// time of the chunks it uses beyond what can be on the device at op a:
+// at most capacity[a] chunks are resident or arriving then (a fetch in
+// flight holds its room), so the others are fetched after op a begins and
+// arrive before their use, one at a time on the host-to-device stream. A
+// chunk whose first use in the stretch is fresh comes in with no copy.
+// Every cut of the step into stretches gives a lower bound, the sum of
+// each stretch's larger term; this is the largest, by dynamic programming
+// over the cut points. Stretches are at most kLongestStretch ops: a
+// bound over fewer cuts is still a bound, and it keeps a long trace's
+// bound from costing ops^2.
+constexpr std::size_t kLongestStretch = 4096;
+
+double room_bound_ns(const StepTrace& trace, const CostModel& model) {
+  const std::size_t n = trace.ops.size();
+  const std::vector<std::size_t> capacity = chunk_capacity(trace, model);
+  // Dense chunk indices, and each op's uses as (index, fresh).
+  std::unordered_map<PlanChunk, std::uint32_t> index;
+  std::vector<std::vector<std::pair<std::uint32_t, bool>>> uses(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    for (const ChunkUse& use : trace.ops[i].chunks) {
+      const auto [it, added] = index.try_emplace(use.chunk, index.size());
+      uses[i].emplace_back(it->second, fresh_use(trace.ops[i], use.chunk));
+    }
+  }
+  const double copy_ns = model.h2d_ns(model.chunk_size);
+  std::vector<double> best(n + 1, 0.0);            // the best bound of ops [0, b)
+  std::vector<std::size_t> seen(index.size(), n);  // the stretch that saw a chunk last
+  for (std::size_t a = 0; a < n; ++a) {
+    std::size_t copied = 0;  // chunks of [a, b) whose first use there is not fresh
+    double compute = 0;
+    for (std::size_t b = a + 1; b <= std::min(n, a + kLongestStretch); ++b) {
+      const std::size_t op = b - 1;
+      compute += static_cast<double>(trace.ops[op].duration_ns);
+      for (const auto& [chunk, fresh] : uses[op]) {
+        if (seen[chunk] == a) continue;
+        seen[chunk] = a;
+        if (!fresh) ++copied;
+      }
+      const std::size_t beyond = copied > capacity[a] ? copied - capacity[a] : 0;
+      const double stretch = std::max(compute, static_cast<double>(beyond) * copy_ns);
+      best[b] = std::max(best[b], best[a] + stretch);
+    }
+  }
+  return best[n];
+}
+
 }  // namespace
 
 std::string_view policy_name(SimPolicy policy) {
@@ -273,8 +325,10 @@ StepBound step_bound(const StepTrace& trace, const CostModel& model) {
   const Plan steady = plan_steady(trace, model, {.prefetch_reserve = 0});
   bound.h2d_bytes = steady.h2d_bytes;
   bound.d2h_bytes = steady.d2h_bytes;
-  bound.bound_ns =
+  bound.flat_ns =
       std::max({bound.compute_ns, model.h2d_ns(bound.h2d_bytes), model.d2h_ns(bound.d2h_bytes)});
+  bound.room_ns = room_bound_ns(trace, model);
+  bound.bound_ns = std::max(bound.flat_ns, bound.room_ns);
   return bound;
 }
 

@@ -51,13 +51,17 @@ struct SimResult {
   const StepCost& last() const { return steps.back(); }
 };
 
-// The lower bound of one repeating step: compute, and the bytes the steady
-// Belady plan must move in each direction at the copy bandwidth.
+// The lower bound of one repeating step: compute, the bytes the steady
+// Belady plan must move in each direction at the copy bandwidth, and the
+// copies room forces into stretches of the step (Note [A bound that knows
+// room] in cost_simulator.cc).
 struct StepBound {
   double compute_ns = 0;
   std::uint64_t h2d_bytes = 0;
   std::uint64_t d2h_bytes = 0;
-  double bound_ns = 0;  // max(compute, h2d bytes / bw, d2h bytes / bw)
+  double flat_ns = 0;   // max(compute, h2d bytes / bw, d2h bytes / bw)
+  double room_ns = 0;   // the best cut of the step into stretches
+  double bound_ns = 0;  // max(flat_ns, room_ns)
 };
 
 // `plan_options` are the planned policy's, its headroom_reserve replaced by
