@@ -28,6 +28,17 @@
 # RecordFunction's layout differs without it; see hooks/torch/CMakeLists.txt).
 # The hosts are EXCLUDE_FROM_ALL: a flavour no target uses is never built.
 #
+# Even with the PCH, each torch TU pays ~5 s to load it (about 700 MB) and
+# instantiates the same torch templates again, so a target's torch sources are
+# also compiled as one unit (CMake's UNITY_BUILD): the bridge's 26 sources took
+# 432 s of CPU one by one and take 38 s together (RelWithDebInfo, this
+# project's CI machine). A source with its own compile definitions or include
+# folders (dist_env.cc) is compiled alone, as CMake does for every unity build.
+# In one unit, the anonymous namespaces of the sources are one namespace: two
+# sources must not give a helper the same name (the build fails where they
+# do). Sources keep including what they use: the unity build is off with
+# -DCMAKE_DISABLE_PRECOMPILE_HEADERS=ON too, where each file stands alone.
+#
 # Included from the top-level CMakeLists.txt (after find_package(Torch)), so
 # the hosts see the same directory-wide options (sanitizers) as every target.
 
@@ -73,5 +84,12 @@ function(spillway_torch_pch)
       endif()
     endif()
     target_precompile_headers(${target} REUSE_FROM spillway_torch_pch_${flavour})
+    if(NOT CMAKE_DISABLE_PRECOMPILE_HEADERS)
+      set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 0)
+      # A class of a source's own whose member's type is in its anonymous
+      # namespace (a pimpl's records): GCC warns of that in an included file,
+      # and in one unit every source is an included file.
+      target_compile_options(${target} PRIVATE $<$<CXX_COMPILER_ID:GNU>:-Wno-subobject-linkage>)
+    endif()
   endforeach()
 endfunction()

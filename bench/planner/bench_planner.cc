@@ -26,6 +26,7 @@
 #include <fmt/format.h>
 
 #include "bench/common/metric_reporter.h"
+#include "bench/common/step_bound_note.h"
 #include "tools/sim/model_description.h"
 #include "tracer/planner/cost_simulator.h"
 #include "tracer/planner/planner.h"
@@ -99,9 +100,7 @@ void run_case(benchmark::State& state, const Case& c) {
   worst_belady_steady = std::max(worst_belady_steady, vs_belady_steady);
   worst_lru = std::max(worst_lru, vs_lru);
   state.counters["ops"] = static_cast<double>(trace.ops.size());
-  bench::report_note(fmt::format(
-      "{}: bound {:.1f} ms (compute {:.1f}, compute or link {:.1f}, room {:.1f})", c.name,
-      bound.bound_ns / 1e6, bound.compute_ns / 1e6, bound.flat_ns / 1e6, bound.room_ns / 1e6));
+  bench::report_note(fmt::format("{}: {}", c.name, bench::step_bound_note(bound)));
   bench::report_metric("planned_vs_belady_bytes_" + c.name, vs_belady, "ratio");
   bench::report_metric("planned_vs_belady_bytes_steady_" + c.name, vs_belady_steady, "ratio");
   bench::report_metric("planned_vs_lru_bytes_" + c.name, vs_lru, "ratio");

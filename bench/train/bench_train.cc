@@ -65,6 +65,7 @@
 #include "allocator/runtime.h"
 #include "bench/common/median.h"
 #include "bench/common/metric_reporter.h"
+#include "bench/common/step_bound_note.h"
 #include "bench/train/traced_step.h"
 #include "hooks/torch/spillway_torch.h"
 #include "tools/train_demo/trainer.h"
@@ -273,11 +274,8 @@ void report_simulated(const TracedStep& traced, const plan::CostModel& model,
                       const std::string& suffix) {
   const plan::StepBound bound = plan::step_bound(traced.step, model);
   const plan::SimResult simulated = plan::simulate(traced.step, model, plan::SimPolicy::planned, 4);
-  report_note(
-      fmt::format("traced step{}: {} ops, bound {:.1f} ms (compute {:.1f}, compute or link {:.1f}, "
-                  "room {:.1f})",
-                  suffix, traced.step.ops.size(), bound.bound_ns / 1e6, bound.compute_ns / 1e6,
-                  bound.flat_ns / 1e6, bound.room_ns / 1e6));
+  report_note(fmt::format("traced step{}: {} ops, {}", suffix, traced.step.ops.size(),
+                          step_bound_note(bound)));
   report_metric("train_sim_bound_ms" + suffix, bound.bound_ns / 1e6, "ms");
   if (!simulated.ok()) throw std::runtime_error("cost simulator, planned: " + simulated.error);
   report_metric("train_sim_stall_fraction_planned" + suffix,

@@ -110,10 +110,10 @@ struct Slot {
 
 // A chunk group by its model and index: the same across the states of
 // nested backwards, each of which lays the models out anew.
-struct GroupKey {
+struct ModelGroup {
   ClientId client{};
   std::size_t group = 0;
-  bool operator==(const GroupKey&) const = default;
+  bool operator==(const ModelGroup&) const = default;
 };
 
 // One backward's reduction (one graph task); guarded by the collectives' turn.
@@ -141,7 +141,7 @@ struct BackwardReductions {
   GroupReduction in_flight;
   // Note [Deferred to the outermost backward]: in the order the nested
   // backwards deferred them, the same on every rank.
-  std::vector<GroupKey> deferred;
+  std::vector<ModelGroup> deferred;
 };
 
 BackwardReductions& backward_reductions() {
@@ -310,7 +310,7 @@ void agree_on_order(c10d::ProcessGroup& group, BackwardReductions& reductions,
     if (anyone[i].item<std::int64_t>() == 0) continue;
     const Slot& slot = state.slots[static_cast<std::size_t>(i)];
     if (state.nested && in_part[i].item<std::int64_t>() != 0) {
-      const GroupKey key{state.layouts[slot.layout].client, slot.group};
+      const ModelGroup key{state.layouts[slot.layout].client, slot.group};
       if (std::ranges::find(reductions.deferred, key) == reductions.deferred.end())
         reductions.deferred.push_back(key);
       continue;
@@ -333,7 +333,7 @@ void reduce_slot(BackwardReductions& reductions, BackwardReduction& state,
   begin(reductions, state, group);  // finishes the collective in flight, if any
   finish_in_flight(reductions);     // when begun before
   const Slot& slot = state.slots[index];
-  std::erase(reductions.deferred, GroupKey{state.layouts[slot.layout].client, slot.group});
+  std::erase(reductions.deferred, ModelGroup{state.layouts[slot.layout].client, slot.group});
   reductions.in_flight = start_group_reduction(active_chunk_manager(), group,
                                                state.layouts[slot.layout].groups[slot.group]);
 }
@@ -343,7 +343,7 @@ void reduce_slot(BackwardReductions& reductions, BackwardReduction& state,
 void reduce_deferred(BackwardReductions& reductions, BackwardReduction& outermost,
                      c10d::ProcessGroup& group) {
   while (!reductions.deferred.empty()) {
-    const GroupKey key = reductions.deferred.front();
+    const ModelGroup key = reductions.deferred.front();
     const auto slot = std::ranges::find_if(outermost.slots, [&](const Slot& candidate) {
       return outermost.layouts[candidate.layout].client == key.client &&
              candidate.group == key.group;

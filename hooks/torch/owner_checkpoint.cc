@@ -153,7 +153,7 @@ void make_folder(const fs::path& folder) {
                                       folder.string(), error.message()));
 }
 
-void write_atomically(const fs::path& path, const std::string& bytes) {
+void write_bytes_atomically(const fs::path& path, const std::string& bytes) {
   const fs::path partial = path.string() + ".partial";
   {
     std::ofstream file(partial, std::ios::binary | std::ios::trunc);
@@ -617,7 +617,7 @@ void save_checkpoint(const std::string& directory, torch::nn::Module& module,
   }
   shard.insert("module", module_values);
   shard.insert("optimizer_state", optimizer_state);
-  write_atomically(folder / shard_name(rank, world), python_loadable_pickle(shard));
+  write_bytes_atomically(folder / shard_name(rank, world), python_loadable_pickle(shard));
   torch_bridge::barrier("writing the checkpoint's shards");  // every shard is in place
   if (rank != 0) return;
 
@@ -633,7 +633,7 @@ void save_checkpoint(const std::string& directory, torch::nn::Module& module,
   manifest["optimizer"] =
       optimizer == nullptr ? nlohmann::json(nullptr)
                            : nlohmann::json{{"class", class_name(*kind)}, {"state", state_owners}};
-  write_atomically(manifest_path, manifest.dump(1));
+  write_bytes_atomically(manifest_path, manifest.dump(1));
 }
 
 namespace {
