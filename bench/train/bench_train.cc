@@ -23,6 +23,8 @@
 //   metric train_sim_budget_mib         the budget the simulator runs at: the
 //                                       runs', or the smallest it accepts if more
 //   metric train_sim_stall_fraction_planned  the cost simulator's, same trace
+//   metric train_sim_spill_wait_fraction_planned  the simulator's ops waiting
+//                                       for room a victim's write-back holds
 //   metric train_traced_step_ms         the planned run's last step, from its trace
 //   metric train_step_vs_sim_bound      that step over the simulator's bound
 //                                       for it (goal <= 1.15)
@@ -280,6 +282,8 @@ void report_simulated(const TracedStep& traced, const plan::CostModel& model,
   if (!simulated.ok()) throw std::runtime_error("cost simulator, planned: " + simulated.error);
   report_metric("train_sim_stall_fraction_planned" + suffix,
                 simulated.last().stall_ns / simulated.last().step_ns, "ratio");
+  report_metric("train_sim_spill_wait_fraction_planned" + suffix,
+                simulated.last().spill_wait_ns / simulated.last().step_ns, "ratio");
   report_metric("train_sim_step_vs_bound_planned" + suffix,
                 simulated.last().step_ns / bound.bound_ns, "ratio");
   const plan::SimResult belady = plan::simulate(traced.step, model, plan::SimPolicy::belady, 4);

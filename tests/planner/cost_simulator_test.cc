@@ -132,6 +132,59 @@ TEST(CostSimulator, BoundCountsTheCopiesRoomForcesIntoAPhase) {
   }
 }
 
+// Note [An op waits for the room it takes]: an op whose non-model bytes
+// leave room for no chunk evicts the chunk the op before wrote, and starts
+// only once its write-back has ended (the allocator's spill wait), under
+// every policy. The bound's write-back term sees the same copy.
+TEST(CostSimulator, AnOpWaitsForTheRoomItsDirtyVictimStillHolds) {
+  StepTrace trace;
+  trace.ops.push_back({"write", 100, 0, {{0, true}}});
+  trace.ops.push_back({"temporaries", 100, 2 * kChunk, {}});
+  const double chunk_per_us = static_cast<double>(kChunk) * 1e6;  // a copy takes 1000 ns
+  const CostModel model{2 * kChunk, kChunk, 0, chunk_per_us, chunk_per_us};
+  for (SimPolicy policy : {SimPolicy::planned, SimPolicy::lru, SimPolicy::belady}) {
+    const SimResult simulated = simulate(trace, model, policy, 4);
+    ASSERT_TRUE(simulated.ok()) << policy_name(policy) << ": " << simulated.error;
+    for (const StepCost& step : simulated.steps) {
+      // Fetch 1000 (stalled), write 100, write-back 1000 (waited), 100.
+      EXPECT_EQ(step.stall_ns, 1000.0) << policy_name(policy);
+      EXPECT_EQ(step.spill_wait_ns, 1000.0) << policy_name(policy);
+      EXPECT_EQ(step.step_ns, 2200.0) << policy_name(policy);
+    }
+  }
+  EXPECT_EQ(step_bound(trace, model).room_ns, 1000.0);  // the write-back, in [0, 2)
+}
+
+// Note [A bound that knows room], the write-backs: a backward writes four
+// fresh gradient chunks beside activations that leave room for one, then an
+// op reads all four and a long one follows. Chunks 0 and 1 cannot both be
+// on the device when op 2 starts, so one is written back during ops 0-1;
+// chunks 0-2 come back for op 4 after op 3 begins. The link's bytes fit
+// behind the long op, which the flat term assumes.
+TEST(CostSimulator, BoundCountsTheWriteBacksRoomForcesIntoAPhase) {
+  StepTrace trace;
+  for (PlanChunk c = 0; c < 4; ++c) {
+    trace.ops.push_back({"bwd" + std::to_string(c), 100, 3 * kChunk, {{c, true, true}}});
+  }
+  trace.ops.push_back({"reduce", 100, 0, {{0, false}, {1, false}, {2, false}, {3, false}}});
+  trace.ops.push_back({"long", 10000, 0, {}});
+  const double chunk_per_us = static_cast<double>(kChunk) * 1e6;  // a copy takes 1000 ns
+  const CostModel model{4 * kChunk, kChunk, 0, chunk_per_us, chunk_per_us};
+  const StepBound bound = step_bound(trace, model);
+  EXPECT_EQ(bound.compute_ns, 10500.0);
+  EXPECT_EQ(bound.flat_ns, 10500.0);
+  // [0, 3): chunks 0 and 1 live at op 2, room for one: 1000; [3, 5): chunks
+  // 0-2 beyond op 3's one: 2000; [5, 6): 10000.
+  EXPECT_EQ(bound.room_ns, 1000.0 + 2000.0 + 10000.0);
+  for (SimPolicy policy : {SimPolicy::planned, SimPolicy::lru, SimPolicy::belady}) {
+    const SimResult simulated = simulate(trace, model, policy, 4);
+    ASSERT_TRUE(simulated.ok()) << policy_name(policy) << ": " << simulated.error;
+    for (const StepCost& step : simulated.steps) {
+      EXPECT_GE(step.step_ns, bound.room_ns) << policy_name(policy);
+    }
+  }
+}
+
 // The room term bounds every step, not only the average of steady ones
 // (a step's last copies can run on into the next, which the flat term's
 // bytes over bandwidth does not see): on random traces (non-model peaks

@@ -46,13 +46,14 @@ void print_result(const plan::SimResult& result, const plan::StepBound& bound) {
   const plan::StepCost& last = result.last();
   const plan::StepCost total = result.total();
   fmt::print(
-      "{:8} last step: {:.3f} ms (stall {:.3f} ms, {:.3f}x bound), h2d {:.1f} MB, d2h {:.1f} "
-      "MB; all steps: h2d {:.1f} MB, d2h {:.1f} MB, stall {:.3f} ms\n",
-      name, last.step_ns / 1e6, last.stall_ns / 1e6, last.step_ns / bound.bound_ns,
-      last.h2d_bytes / 1e6, last.d2h_bytes / 1e6, total.h2d_bytes / 1e6, total.d2h_bytes / 1e6,
-      total.stall_ns / 1e6);
+      "{:8} last step: {:.3f} ms (stall {:.3f} ms, spill waits {:.3f} ms, {:.3f}x bound), h2d "
+      "{:.1f} MB, d2h {:.1f} MB; all steps: h2d {:.1f} MB, d2h {:.1f} MB, stall {:.3f} ms\n",
+      name, last.step_ns / 1e6, last.stall_ns / 1e6, last.spill_wait_ns / 1e6,
+      last.step_ns / bound.bound_ns, last.h2d_bytes / 1e6, last.d2h_bytes / 1e6,
+      total.h2d_bytes / 1e6, total.d2h_bytes / 1e6, total.stall_ns / 1e6);
   fmt::print("metric sim_{}_step_ns {:.0f} ns\n", name, last.step_ns);
   fmt::print("metric sim_{}_stall_ns {:.0f} ns\n", name, last.stall_ns);
+  fmt::print("metric sim_{}_spill_wait_ns {:.0f} ns\n", name, last.spill_wait_ns);
   fmt::print("metric sim_{}_h2d_bytes {} bytes\n", name, total.h2d_bytes);
   fmt::print("metric sim_{}_d2h_bytes {} bytes\n", name, total.d2h_bytes);
   fmt::print("metric sim_{}_step_vs_bound {:.4f} ratio\n", name, last.step_ns / bound.bound_ns);

@@ -4,10 +4,13 @@
 #include "tracer/planner/cost_simulator.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <list>
 #include <map>
 #include <set>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "tracer/planner/headroom.h"
 #include "tracer/planner/planner.h"
@@ -17,15 +20,17 @@ namespace {
 
 class Timeline {
  public:
-  explicit Timeline(const CostModel& model) : model_(model) {}
+  Timeline(const CostModel& model, std::vector<std::size_t> capacity)
+      : model_(model), capacity_(std::move(capacity)) {}
 
   void begin_step() {
     cost_ = {};
     step_begin_ = compute_end_;
   }
 
-  // Runs op `op`: issues its planned copies, waits for its chunks, computes.
-  void run_op(const TracedOp& op, const OpPlan& copies) {
+  // Runs op `index` of the step: issues its planned copies, waits for its
+  // chunks and for its room, computes.
+  void run_op(std::size_t index, const TracedOp& op, const OpPlan& copies) {
     const double issue = compute_end_;
     // The k-th fetch fills the room of the k-th eviction: it waits for that
     // chunk's write-back only, so the two copy streams pipeline.
@@ -61,6 +66,11 @@ class Timeline {
       arrival_[fetch.chunk] = h2d_free_;
       cost_.h2d_bytes += model_.chunk_size;
     }
+    for (std::size_t k = copies.fetch.size(); k < room_free.size(); ++k) {
+      vacating_.push_back(room_free[k]);
+    }
+    resident_ += static_cast<std::ptrdiff_t>(copies.fetch.size()) -
+                 static_cast<std::ptrdiff_t>(copies.evict.size());
     double start = compute_end_;
     for (const ChunkUse& use : op.chunks) {
       if (auto it = arrival_.find(use.chunk); it != arrival_.end()) {
@@ -68,7 +78,9 @@ class Timeline {
       }
     }
     cost_.stall_ns += start - compute_end_;
-    compute_end_ = start + static_cast<double>(op.duration_ns);
+    const double roomy = wait_for_room(capacity_[index], start);
+    cost_.spill_wait_ns += roomy - start;
+    compute_end_ = roomy + static_cast<double>(op.duration_ns);
   }
 
   StepCost end_step() {
@@ -77,11 +89,35 @@ class Timeline {
   }
 
  private:
+  // Note [An op waits for the room it takes]
+  // An eviction that no fetch fills makes room for the op's own non-model
+  // bytes (its capacity is lower than the op before's), or, where the
+  // planner fetched early into room to spare, gives that room back. Until a
+  // dirty victim's write-back ends, its bytes still hold the room, so the op
+  // starts only once the resident chunks and those still leaving fit its
+  // capacity: the allocator's wait for a spill (chunk-manager.md) at run
+  // time. Without this the simulator let such an op run on room that was
+  // not yet there.
+  double wait_for_room(std::size_t capacity, double start) {
+    std::sort(vacating_.begin(), vacating_.end());
+    std::erase_if(vacating_, [start](double free) { return free <= start; });
+    const std::ptrdiff_t excess = resident_ + static_cast<std::ptrdiff_t>(vacating_.size()) -
+                                  static_cast<std::ptrdiff_t>(capacity);
+    if (excess <= 0) return start;
+    const double roomy = vacating_[static_cast<std::size_t>(
+        std::min<std::ptrdiff_t>(excess, static_cast<std::ptrdiff_t>(vacating_.size())) - 1)];
+    std::erase_if(vacating_, [roomy](double free) { return free <= roomy; });
+    return roomy;
+  }
+
   const CostModel& model_;
+  const std::vector<std::size_t> capacity_;  // chunks that fit beside each op
   double compute_end_ = 0;
   double h2d_free_ = 0;
   double d2h_free_ = 0;
   double step_begin_ = 0;
+  std::ptrdiff_t resident_ = 0;   // chunks resident or arriving, by the plans run so far
+  std::vector<double> vacating_;  // when the room of each unfilled eviction frees
   std::unordered_map<PlanChunk, double> arrival_;
   std::unordered_map<PlanChunk, double> written_back_;  // when its write-back ends
   StepCost cost_;
@@ -153,7 +189,7 @@ void run_lru(const StepTrace& trace, const std::vector<std::size_t>& capacity, T
              LruResidency& lru, SimResult& result) {
   timeline.begin_step();
   for (std::size_t i = 0; i < trace.ops.size(); ++i) {
-    timeline.run_op(trace.ops[i], lru.before(trace.ops[i], capacity[i]));
+    timeline.run_op(i, trace.ops[i], lru.before(trace.ops[i], capacity[i]));
     lru.after(i);
   }
   result.steps.push_back(timeline.end_step());
@@ -161,7 +197,9 @@ void run_lru(const StepTrace& trace, const std::vector<std::size_t>& capacity, T
 
 void run_plan(const StepTrace& trace, const Plan& plan, Timeline& timeline, SimResult& result) {
   timeline.begin_step();
-  for (std::size_t i = 0; i < trace.ops.size(); ++i) timeline.run_op(trace.ops[i], plan.ops[i]);
+  for (std::size_t i = 0; i < trace.ops.size(); ++i) {
+    timeline.run_op(i, trace.ops[i], plan.ops[i]);
+  }
   result.steps.push_back(timeline.end_step());
 }
 
@@ -176,8 +214,14 @@ void run_plan(const StepTrace& trace, const Plan& plan, Timeline& timeline, SimR
 // flight holds its room), so the others are fetched after op a begins and
 // arrive before their use, one at a time on the host-to-device stream. A
 // chunk whose first use in the stretch is fresh comes in with no copy.
+// The other direction likewise: of the chunks ops a to b-2 write whose
+// bytes are still live when op b-1 starts, at most capacity[b-1] are on
+// the device then (resident, or leaving with their write-back still
+// holding the room: Note [An op waits for the room it takes]); each of the
+// others was written back after op a began and before op b-1 started, one
+// at a time on the device-to-host stream.
 // Every cut of the step into stretches gives a lower bound, the sum of
-// each stretch's larger term; this is the largest, by dynamic programming
+// each stretch's largest term; this is the largest, by dynamic programming
 // over the cut points. Stretches are at most kLongestStretch ops: a
 // bound over fewer cuts is still a bound, and it keeps a long trace's
 // bound from costing ops^2.
@@ -186,20 +230,33 @@ constexpr std::size_t kLongestStretch = 4096;
 double room_bound_ns(const StepTrace& trace, const CostModel& model) {
   const std::size_t n = trace.ops.size();
   const std::vector<std::size_t> capacity = chunk_capacity(trace, model);
-  // Dense chunk indices, and each op's uses as (index, fresh).
+  const std::vector<std::vector<PlanChunk>> dead = dead_after(trace);
+  // Dense chunk indices; each op's uses as (index, fresh), its writes, and
+  // the chunks whose bytes die after it.
   std::unordered_map<PlanChunk, std::uint32_t> index;
   std::vector<std::vector<std::pair<std::uint32_t, bool>>> uses(n);
+  std::vector<std::vector<std::uint32_t>> writes(n);
   for (std::size_t i = 0; i < n; ++i) {
     for (const ChunkUse& use : trace.ops[i].chunks) {
       const auto [it, added] = index.try_emplace(use.chunk, index.size());
       uses[i].emplace_back(it->second, fresh_use(trace.ops[i], use.chunk));
+      if (use.write) writes[i].push_back(it->second);
     }
   }
-  const double copy_ns = model.h2d_ns(model.chunk_size);
+  std::vector<std::vector<std::uint32_t>> dies(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    for (PlanChunk chunk : dead[i]) {
+      if (auto it = index.find(chunk); it != index.end()) dies[i].push_back(it->second);
+    }
+  }
+  const double h2d_ns = model.h2d_ns(model.chunk_size);
+  const double d2h_ns = model.d2h_ns(model.chunk_size);
   std::vector<double> best(n + 1, 0.0);            // the best bound of ops [0, b)
   std::vector<std::size_t> seen(index.size(), n);  // the stretch that saw a chunk last
+  std::vector<std::size_t> live(index.size(), n);  // the stretch a chunk's live write is in
   for (std::size_t a = 0; a < n; ++a) {
-    std::size_t copied = 0;  // chunks of [a, b) whose first use there is not fresh
+    std::size_t copied = 0;   // chunks of [a, b) whose first use there is not fresh
+    std::size_t written = 0;  // chunks ops [a, b-1) wrote, live when op b-1 starts
     double compute = 0;
     for (std::size_t b = a + 1; b <= std::min(n, a + kLongestStretch); ++b) {
       const std::size_t op = b - 1;
@@ -209,8 +266,21 @@ double room_bound_ns(const StepTrace& trace, const CostModel& model) {
         seen[chunk] = a;
         if (!fresh) ++copied;
       }
-      const std::size_t beyond = copied > capacity[a] ? copied - capacity[a] : 0;
-      const double stretch = std::max(compute, static_cast<double>(beyond) * copy_ns);
+      if (op > a) {  // op - 1's writes and deaths happened before op starts
+        for (std::uint32_t chunk : writes[op - 1]) {
+          if (live[chunk] != a) ++written;
+          live[chunk] = a;
+        }
+        for (std::uint32_t chunk : dies[op - 1]) {
+          if (live[chunk] == a) --written;
+          live[chunk] = n;
+        }
+      }
+      const auto beyond = [](std::size_t count, std::size_t room) {
+        return static_cast<double>(count > room ? count - room : 0);
+      };
+      const double stretch = std::max(
+          {compute, beyond(copied, capacity[a]) * h2d_ns, beyond(written, capacity[op]) * d2h_ns});
       best[b] = std::max(best[b], best[a] + stretch);
     }
   }
@@ -239,6 +309,7 @@ StepCost SimResult::total() const {
     sum.h2d_bytes += step.h2d_bytes;
     sum.d2h_bytes += step.d2h_bytes;
     sum.stall_ns += step.stall_ns;
+    sum.spill_wait_ns += step.spill_wait_ns;
     sum.step_ns += step.step_ns;
   }
   return sum;
@@ -250,7 +321,7 @@ SimResult simulate(const StepTrace& trace, const CostModel& model, SimPolicy pol
   result.policy = policy;
   try {
     const std::vector<std::size_t> capacity = chunk_capacity(trace, model);
-    Timeline timeline(model);
+    Timeline timeline(model, capacity);
     switch (policy) {
       case SimPolicy::static_residency: {
         std::uint64_t peak_non_model = 0;
@@ -306,7 +377,7 @@ SimResult simulate(const StepTrace& trace, const CostModel& model, SimPolicy pol
         for (std::size_t s = 0; s < steps; ++s) {
           timeline.begin_step();
           for (std::size_t i = 0; i < n; ++i) {
-            timeline.run_op(trace.ops[i], plan.ops[s * n + i]);
+            timeline.run_op(i, trace.ops[i], plan.ops[s * n + i]);
           }
           result.steps.push_back(timeline.end_step());
         }

@@ -6,8 +6,9 @@
 // FIFO stream per direction, overlapping compute. A copy is issued when the
 // compute stream reaches the op it is planned for (the end of the previous
 // op); a fetch waits for the room it fills to be vacated (a dirty victim's
-// device-to-host copy), and an op waits for its chunks to arrive.
-// The wait is stall time.
+// device-to-host copy), and an op waits for its chunks to arrive (stall
+// time) and for the room its own bytes take, where a victim's write-back
+// still holds it (spill waits; Note [An op waits for the room it takes]).
 //
 // Policies:
 //   planned  step 1 runs under LRU (the traced warmup step), later steps
@@ -37,8 +38,9 @@ std::string_view policy_name(SimPolicy policy);
 struct StepCost {
   std::uint64_t h2d_bytes = 0;
   std::uint64_t d2h_bytes = 0;
-  double stall_ns = 0;
-  double step_ns = 0;  // from the first op's start (with its stall) to the last op's end
+  double stall_ns = 0;       // ops waiting for their chunks to arrive
+  double spill_wait_ns = 0;  // ops waiting for room still being written back
+  double step_ns = 0;        // from the first op's start (with its waits) to the last op's end
 };
 
 struct SimResult {
