@@ -8,6 +8,7 @@
 #include <list>
 #include <map>
 #include <set>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -78,7 +79,7 @@ class Timeline {
       }
     }
     cost_.stall_ns += start - compute_end_;
-    const double roomy = wait_for_room(capacity_[index], start);
+    const double roomy = wait_for_room(index, op, start);
     cost_.spill_wait_ns += roomy - start;
     compute_end_ = roomy + static_cast<double>(op.duration_ns);
   }
@@ -98,14 +99,21 @@ class Timeline {
   // capacity: the allocator's wait for a spill (chunk-manager.md) at run
   // time. Without this the simulator let such an op run on room that was
   // not yet there.
-  double wait_for_room(std::size_t capacity, double start) {
+  double wait_for_room(std::size_t index, const TracedOp& op, double start) {
+    const auto capacity = static_cast<std::ptrdiff_t>(capacity_[index]);
+    // A plan never holds more chunks than an op's capacity; one that does
+    // is the planner's error, not a wait.
+    if (resident_ > capacity) {
+      throw PlanError("cost simulator: op " + std::to_string(index) + " (" + op.name + ") runs " +
+                      "with " + std::to_string(resident_) + " chunks planned resident, " +
+                      std::to_string(capacity) + " fit");
+    }
     std::sort(vacating_.begin(), vacating_.end());
     std::erase_if(vacating_, [start](double free) { return free <= start; });
-    const std::ptrdiff_t excess = resident_ + static_cast<std::ptrdiff_t>(vacating_.size()) -
-                                  static_cast<std::ptrdiff_t>(capacity);
+    const std::ptrdiff_t excess =
+        resident_ + static_cast<std::ptrdiff_t>(vacating_.size()) - capacity;
     if (excess <= 0) return start;
-    const double roomy = vacating_[static_cast<std::size_t>(
-        std::min<std::ptrdiff_t>(excess, static_cast<std::ptrdiff_t>(vacating_.size())) - 1)];
+    const double roomy = vacating_[static_cast<std::size_t>(excess - 1)];
     std::erase_if(vacating_, [roomy](double free) { return free <= roomy; });
     return roomy;
   }
@@ -236,21 +244,20 @@ double room_bound_ns(const StepTrace& trace, const CostModel& model) {
   std::unordered_map<PlanChunk, std::uint32_t> index;
   std::vector<std::vector<std::pair<std::uint32_t, bool>>> uses(n);
   std::vector<std::vector<std::uint32_t>> writes(n);
+  std::vector<std::vector<std::uint32_t>> dies(n);
   for (std::size_t i = 0; i < n; ++i) {
     for (const ChunkUse& use : trace.ops[i].chunks) {
       const auto [it, added] = index.try_emplace(use.chunk, index.size());
       uses[i].emplace_back(it->second, fresh_use(trace.ops[i], use.chunk));
       if (use.write) writes[i].push_back(it->second);
     }
-  }
-  std::vector<std::vector<std::uint32_t>> dies(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    for (PlanChunk chunk : dead[i]) {
-      if (auto it = index.find(chunk); it != index.end()) dies[i].push_back(it->second);
-    }
+    for (PlanChunk chunk : dead[i]) dies[i].push_back(index.at(chunk));  // op i used it
   }
   const double h2d_ns = model.h2d_ns(model.chunk_size);
   const double d2h_ns = model.d2h_ns(model.chunk_size);
+  const auto beyond = [](std::size_t count, std::size_t room) {
+    return static_cast<double>(count > room ? count - room : 0);
+  };
   std::vector<double> best(n + 1, 0.0);            // the best bound of ops [0, b)
   std::vector<std::size_t> seen(index.size(), n);  // the stretch that saw a chunk last
   std::vector<std::size_t> live(index.size(), n);  // the stretch a chunk's live write is in
@@ -276,9 +283,6 @@ double room_bound_ns(const StepTrace& trace, const CostModel& model) {
           live[chunk] = n;
         }
       }
-      const auto beyond = [](std::size_t count, std::size_t room) {
-        return static_cast<double>(count > room ? count - room : 0);
-      };
       const double stretch = std::max(
           {compute, beyond(copied, capacity[a]) * h2d_ns, beyond(written, capacity[op]) * d2h_ns});
       best[b] = std::max(best[b], best[a] + stretch);
