@@ -12,6 +12,8 @@
 //                                          old 0.70 goal is retired: every chunk is
 //                                          written every step, docs/planner.md)
 //   metric sim_step_vs_bound_<case>        planned steady step time / lower bound
+//   metric sim_fastest_step_vs_bound_<case>  the fastest plan the simulator knows
+//                                          (fastest_plan.h) / the same bound
 //
 // The planned policy is simulate()'s default: headroom chosen per trace.
 //
@@ -29,6 +31,7 @@
 #include "bench/common/step_bound_note.h"
 #include "tools/sim/model_description.h"
 #include "tracer/planner/cost_simulator.h"
+#include "tracer/planner/fastest_plan.h"
 #include "tracer/planner/planner.h"
 
 namespace {
@@ -125,6 +128,13 @@ void run_case(benchmark::State& state, const Case& c) {
     bench::report_metric("reserve2_sim_step_vs_bound_" + c.name,
                          reserved.last().step_ns / bound.bound_ns, "ratio");
   }
+
+  // The best step the simulator knows, over the planner's options: how far
+  // the bound can be from the best step (tracer/planner/fastest_plan.h).
+  const plan::FastestPlan fastest = plan::fastest_known_plan(trace, cost);
+  bench::report_note(fmt::format("{}: fastest known plan: {}", c.name, fastest.describe()));
+  bench::report_metric("sim_fastest_step_vs_bound_" + c.name,
+                       fastest.steady_step_ns / bound.bound_ns, "ratio");
 }
 
 }  // namespace

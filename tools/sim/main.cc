@@ -22,6 +22,7 @@
 #include "tools/common/tool_main.h"
 #include "tools/sim/model_description.h"
 #include "tracer/planner/cost_simulator.h"
+#include "tracer/planner/fastest_plan.h"
 #include "tracer/planner/planner.h"
 
 namespace {
@@ -103,6 +104,10 @@ int tool_main(int argc, char** argv) {
   app.add_option("--policy", policy, "planned, lru, static, belady or all")
       ->check(CLI::IsMember({"planned", "lru", "static", "belady", "all"}))
       ->capture_default_str();
+  bool fastest = false;
+  app.add_flag("--fastest", fastest,
+               "also the fastest plan the simulator knows (the planner's prefetch reserves and "
+               "headrooms, and offline Belady; tracer/planner/fastest_plan.h)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -150,6 +155,14 @@ int tool_main(int argc, char** argv) {
                               plan::SimPolicy::static_residency, plan::SimPolicy::belady}) {
       if (policy != "all" && policy != plan::policy_name(p)) continue;
       print_result(plan::simulate(trace, cost, p, steps, plan_options), bound);
+    }
+    if (fastest) {
+      const plan::FastestPlan best = plan::fastest_known_plan(trace, cost, steps);
+      fmt::print("fastest known plan: {}: mean steady step {:.3f} ms ({:.3f}x bound)\n",
+                 best.describe(), best.steady_step_ns / 1e6, best.steady_step_ns / bound.bound_ns);
+      fmt::print("metric sim_fastest_step_ns {:.0f} ns\n", best.steady_step_ns);
+      fmt::print("metric sim_fastest_step_vs_bound {:.4f} ratio\n",
+                 best.steady_step_ns / bound.bound_ns);
     }
   } catch (const std::exception& error) {
     std::fprintf(stderr, "spillway-sim: %s\n", error.what());
