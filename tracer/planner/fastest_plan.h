@@ -25,11 +25,12 @@ namespace spillway::plan {
 struct FastestPlan {
   SimResult result;              // its simulation (policy planned or belady)
   PlanOptions options;           // the planned policy's; meaningless for belady
-  double steady_step_ns = 0;     // the mean of its steps after kSettleSteps
+  double steady_step_ns = 0;     // the mean of its steps after the first two
   std::string describe() const;  // "planned, prefetch reserve 0, headroom 1" or "belady"
 };
 
-// The grid: prefetch reserve 0..kMaxReserve, headroom 0..kMaxHeadroom.
+// The grid: prefetch reserve 0..kFastestMaxReserve, headroom
+// 0..kFastestMaxHeadroom (PlanOptions, headroom choice off).
 inline constexpr std::size_t kFastestMaxReserve = 2;
 inline constexpr std::size_t kFastestMaxHeadroom = 4;
 
