@@ -64,11 +64,8 @@ plan::CostModel cost_model(const sim::ModelSpec& model, double model_over_budget
 
 // Bytes moved in steps [first, kSteps).
 double moved_from(const plan::SimResult& result, std::size_t first) {
-  double bytes = 0;
-  for (std::size_t s = first; s < std::min(kSteps, result.steps.size()); ++s) {
-    bytes += static_cast<double>(result.steps[s].h2d_bytes + result.steps[s].d2h_bytes);
-  }
-  return bytes;
+  const plan::StepCost sum = result.total(first, kSteps);
+  return static_cast<double>(sum.h2d_bytes + sum.d2h_bytes);
 }
 
 double moved(const plan::SimResult& result) { return moved_from(result, 0); }

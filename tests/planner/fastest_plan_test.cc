@@ -19,8 +19,10 @@ constexpr std::size_t kSteps = 6;
 
 double mean_after_settling(const SimResult& result) {
   double sum = 0;
-  for (std::size_t s = 2; s < result.steps.size(); ++s) sum += result.steps[s].step_ns;
-  return sum / static_cast<double>(result.steps.size() - 2);
+  for (std::size_t s = kUnsettledPlannedSteps; s < result.steps.size(); ++s) {
+    sum += result.steps[s].step_ns;
+  }
+  return sum / static_cast<double>(result.steps.size() - kUnsettledPlannedSteps);
 }
 
 TEST(FastestPlan, BetweenTheBoundAndEveryPolicyOnRandomSteps) {

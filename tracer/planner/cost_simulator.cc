@@ -307,9 +307,12 @@ std::string_view policy_name(SimPolicy policy) {
   return "?";
 }
 
-StepCost SimResult::total() const {
+StepCost SimResult::total() const { return total(0, steps.size()); }
+
+StepCost SimResult::total(std::size_t first, std::size_t end) const {
   StepCost sum;
-  for (const StepCost& step : steps) {
+  for (std::size_t s = first; s < std::min(end, steps.size()); ++s) {
+    const StepCost& step = steps[s];
     sum.h2d_bytes += step.h2d_bytes;
     sum.d2h_bytes += step.d2h_bytes;
     sum.stall_ns += step.stall_ns;

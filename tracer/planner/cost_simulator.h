@@ -43,6 +43,11 @@ struct StepCost {
   double step_ns = 0;        // from the first op's start (with its waits) to the last op's end
 };
 
+// The planned policy's first step runs under LRU (the traced warmup step)
+// and its second starts from LRU's residency: steps from this index on are
+// its steady ones.
+inline constexpr std::size_t kUnsettledPlannedSteps = 2;
+
 struct SimResult {
   SimPolicy policy = SimPolicy::lru;
   std::vector<StepCost> steps;
@@ -50,6 +55,8 @@ struct SimResult {
 
   bool ok() const { return error.empty(); }
   StepCost total() const;
+  // The sum of steps [first, end), end clamped to the steps run.
+  StepCost total(std::size_t first, std::size_t end) const;
   const StepCost& last() const { return steps.back(); }
 };
 

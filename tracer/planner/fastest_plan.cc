@@ -8,14 +8,10 @@
 namespace spillway::plan {
 namespace {
 
-// The planned policy's first step runs under LRU and its second starts from
-// LRU's residency: neither is steady.
-constexpr std::size_t kSettleSteps = 2;
-
 double steady_step_ns(const SimResult& result) {
-  double sum = 0;
-  for (std::size_t s = kSettleSteps; s < result.steps.size(); ++s) sum += result.steps[s].step_ns;
-  return sum / static_cast<double>(result.steps.size() - kSettleSteps);
+  const std::size_t steady = result.steps.size() - kUnsettledPlannedSteps;
+  return result.total(kUnsettledPlannedSteps, result.steps.size()).step_ns /
+         static_cast<double>(steady);
 }
 
 }  // namespace
@@ -27,7 +23,7 @@ std::string FastestPlan::describe() const {
 }
 
 FastestPlan fastest_known_plan(const StepTrace& trace, const CostModel& model, std::size_t steps) {
-  steps = std::max(steps, kSettleSteps + 1);
+  steps = std::max(steps, kUnsettledPlannedSteps + 1);
   FastestPlan fastest;
   bool found = false;
   std::string error;

@@ -9,10 +9,9 @@
 namespace spillway::plan {
 namespace {
 
-// Warmup under LRU and the step from LRU's residency, then steady steps:
-// plans may settle into a short cycle of residencies (ties), so the steady
-// steps span 12, a multiple of cycles of 2, 3, 4 and 6.
-constexpr std::size_t kSettleSteps = 2;
+// After the unsettled steps (kUnsettledPlannedSteps), steady steps: plans
+// may settle into a short cycle of residencies (ties), so the steady steps
+// span 12, a multiple of cycles of 2, 3, 4 and 6.
 constexpr std::size_t kSteadySteps = 12;
 // Steps within this fraction of each other tie: more headroom costs bytes
 // on the way from another residency (the first planned step) for nothing.
@@ -25,12 +24,8 @@ struct Steady {
 
 // Totals over the steady steps (the same count for every candidate).
 Steady steady_cost(const SimResult& result) {
-  Steady steady;
-  for (std::size_t s = kSettleSteps; s < result.steps.size(); ++s) {
-    steady.bytes += result.steps[s].h2d_bytes + result.steps[s].d2h_bytes;
-    steady.ns += result.steps[s].step_ns;
-  }
-  return steady;
+  const StepCost steady = result.total(kUnsettledPlannedSteps, result.steps.size());
+  return {steady.h2d_bytes + steady.d2h_bytes, steady.step_ns};
 }
 
 }  // namespace
@@ -39,7 +34,7 @@ std::size_t choose_headroom_reserve(const StepTrace& trace, const CostModel& mod
                                     PlanOptions options, std::size_t max_headroom) {
   options.choose_headroom = false;
   options.headroom_reserve = 0;
-  constexpr std::size_t kSteps = kSettleSteps + kSteadySteps;
+  constexpr std::size_t kSteps = kUnsettledPlannedSteps + kSteadySteps;
   const SimResult none = simulate(trace, model, SimPolicy::planned, kSteps, options);
   if (!none.ok()) throw PlanError(none.error);
   const Steady pure = steady_cost(none);
