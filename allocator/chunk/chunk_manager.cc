@@ -136,9 +136,12 @@ class ChunkManager::FetchClock final : public CopyClock {
   explicit FetchClock(const ChunkManager& manager) : manager_(manager) {}
   std::uint64_t now_ns() const override { return manager_.policy_clock_ns_locked(); }
   std::uint64_t stream_free_at_ns(ChunkId id) const override {
-    const Chunk* chunk = manager_.find_chunk_locked(id);
-    if (chunk != nullptr && chunk->location() == Location::none) return now_ns();
+    if (!queues_on_fetch_stream(id)) return now_ns();
     return manager_.policy_time_locked(manager_.fetch_stream_free_at_ns_);
+  }
+  bool queues_on_fetch_stream(ChunkId id) const override {
+    const Chunk* chunk = manager_.find_chunk_locked(id);
+    return chunk == nullptr || chunk->location() != Location::none;
   }
   bool copies_modelled() const override { return manager_.options_.copy_bytes_per_s > 0; }
   std::optional<std::uint64_t> fetch_ns(ChunkId id) const override {

@@ -42,6 +42,9 @@ class CopyClock {
   // the work queued on it so far: the fetch stream's fetches, or now for a
   // chunk that is zeroed rather than copied (its fill has a stream of its own).
   virtual std::uint64_t stream_free_at_ns(ChunkId chunk) const = 0;
+  // Whether the chunk's fetch queues on the fetch stream (a copy of its
+  // bytes), not a zero fill on a stream of its own.
+  virtual bool queues_on_fetch_stream(ChunkId chunk) const = 0;
   // Whether copy times are modelled (the copy bandwidth is known); when not,
   // prefetches are not timed.
   virtual bool copies_modelled() const = 0;
@@ -135,9 +138,9 @@ class EvictionPolicy {
     return std::nullopt;
   }
   // Note [Write-backs ahead of spills] in planned_policy.h: of the chunks the
-  // next spill the policy expects will evict, those that may be written back
-  // now (`candidates` accepts them, and nothing writes them before the
-  // spill), farthest next use first; empty when it expects none.
+  // next spill the policy expects will evict, and its spares, those that may
+  // be written back now (`candidates` accepts them, and nothing writes them
+  // before the spill), farthest next use first; empty when it expects none.
   virtual std::vector<ChunkId> spill_victims_ahead(const EvictionCandidates& candidates) const {
     (void)candidates;
     return {};

@@ -73,6 +73,7 @@ void PlannedPolicy::trace_from_here(std::optional<Access> access) {
   if (access) recording.push_back(*access);
   shelve_plan();
   position_ = 0;
+  behind_cache_.reset();
   phase_ = Phase::tracing;
   traced_steps_ = warmup_steps_ - 1;
   recording_ = std::move(recording);
@@ -124,6 +125,7 @@ void PlannedPolicy::follow_unmarked(const Access& access) {
     if (position_ == sequence_.size() && sequence_.front().chunk == access.chunk) {
       ++state_.planned_steps;  // round to the plan's first access: a step ended
       position_ = 0;
+      behind_cache_.reset();
     }
     if (position_ < sequence_.size() && sequence_[position_].chunk == access.chunk) {
       ref_traced_ns_ = sequence_[position_].time_ns;
@@ -184,6 +186,7 @@ void PlannedPolicy::start_marked_steps() {
     uses_.clear();
     spills_.clear();
     position_ = 0;
+    behind_cache_.reset();
     step_ns_ = 0;
     phase_ = Phase::tracing;
   }
@@ -193,7 +196,10 @@ void PlannedPolicy::start_marked_steps() {
   recording_overflowed_ = history_trimmed_;
 }
 
-void PlannedPolicy::on_resident(ChunkId chunk) { lru_.on_resident(chunk); }
+void PlannedPolicy::on_resident(ChunkId chunk) {
+  lru_.on_resident(chunk);
+  behind_cache_.reset();
+}
 
 void PlannedPolicy::on_spill(std::size_t chunks) {
   if (chunks == 0) return;
@@ -230,7 +236,7 @@ std::vector<ChunkId> PlannedPolicy::spill_victims_ahead(
     ranked.push_back({chunk, distance_from(spill.position, chunk)});
   // ... farthest next use first; stable, so ties keep LRU's order, as choose_victim's do.
   std::ranges::stable_sort(ranked, std::ranges::greater{}, &Victim::next_use);
-  ranked.resize(std::min(spill.chunks, ranked.size()));
+  ranked.resize(std::min(spill.chunks + kSpareSpillVictims, ranked.size()));
   // ... those that may be written back now and stay clean until the spill.
   std::vector<ChunkId> victims;
   for (const Victim& victim : ranked) {
@@ -245,6 +251,7 @@ std::vector<ChunkId> PlannedPolicy::spill_victims_ahead(
 void PlannedPolicy::on_evicted(ChunkId chunk) {
   lru_.on_evicted(chunk);
   resident_from_ = resident_until_ = 0;
+  behind_cache_.reset();
 }
 
 // A removed chunk may still be in the plan; if the step uses it, the access
@@ -252,6 +259,7 @@ void PlannedPolicy::on_evicted(ChunkId chunk) {
 void PlannedPolicy::on_removed(ChunkId chunk) {
   lru_.on_removed(chunk);
   resident_from_ = resident_until_ = 0;
+  behind_cache_.reset();
 }
 
 std::optional<ChunkId> PlannedPolicy::choose_victim(const EvictionCandidates& candidates) {
@@ -288,12 +296,26 @@ std::optional<PlannedFetch> PlannedPolicy::timed_prefetch(const CopyClock& clock
       break;
     }
   }
-  const FetchTiming timing{.now_ns = now_ns,
-                           .next_decision_ns = next_decision_ns,
-                           .use_ns = predicted_ns(position_ + next->ahead),
-                           .stream_free_at_ns = clock.stream_free_at_ns(next->chunk),
-                           .copy_ns = *copy_ns};
+  const std::uint64_t use_ns = predicted_ns(position_ + next->ahead);
+  // It arrives before its use, and before the fetches behind it must start.
+  std::uint64_t arrive_by = use_ns;
+  if (clock.queues_on_fetch_stream(next->chunk)) {
+    const std::size_t use = position_ + next->ahead;
+    if (!behind_cache_ || behind_cache_->chunk != next->chunk || behind_cache_->use != use) {
+      // Both from the same reference access, so the lead stays right while
+      // the position moves and nothing arrives or leaves.
+      const std::uint64_t latest = latest_start_behind(fetches_behind(*next, *copy_ns, clock));
+      behind_cache_ = BehindCache{next->chunk, use, use_ns > latest ? use_ns - latest : 0};
+    }
+    arrive_by = use_ns - std::min(use_ns, behind_cache_->lead_ns);
+  }
+  FetchTiming timing{.now_ns = now_ns,
+                     .next_decision_ns = next_decision_ns,
+                     .use_ns = arrive_by,
+                     .stream_free_at_ns = clock.stream_free_at_ns(next->chunk),
+                     .copy_ns = *copy_ns};
   if (!must_start_now(timing)) return std::nullopt;
+  timing.use_ns = use_ns;  // the stall it expects is at its own use
   // Note [Room a prefetch takes early].
   const std::size_t victims = clock.fits_without_eviction(next->chunk) ? 1 : 2;
   if (crowded_before(next->ahead, clock.non_model_bytes(), clock.room_bytes(next->chunk)) &&
@@ -371,6 +393,35 @@ std::optional<PlannedPolicy::Candidate> PlannedPolicy::next_prefetch(std::size_t
   return std::nullopt;
 }
 
+std::vector<QueuedFetch> PlannedPolicy::fetches_behind(const Candidate& first,
+                                                       std::uint64_t first_copy_ns,
+                                                       const CopyClock& clock) const {
+  const std::size_t size = sequence_.size();
+  // A fetch used later than kFetchesBehind copies after the first's use
+  // cannot hurry it (copies of one size; the scan stops there).
+  const std::uint64_t first_use_ns = predicted_ns(position_ + first.ahead);
+  const std::uint64_t window_ns = kFetchesBehind * margined_copy_ns(first_copy_ns);
+  const std::uint64_t horizon_ns =
+      first_use_ns > std::numeric_limits<std::uint64_t>::max() - window_ns
+          ? std::numeric_limits<std::uint64_t>::max()
+          : first_use_ns + window_ns;
+  std::vector<QueuedFetch> behind;
+  std::vector<ChunkId> counted{first.chunk};  // or used on the host first: never prefetched
+  for (std::size_t ahead = first.ahead + 1; ahead < size && behind.size() < kFetchesBehind;
+       ++ahead) {
+    const std::uint64_t use_ns = predicted_ns(position_ + ahead);
+    if (use_ns > horizon_ns) break;
+    const Access& access = sequence_[(position_ + ahead) % size];
+    if (!access.on_host && lru_.resident(access.chunk)) continue;
+    if (std::ranges::find(counted, access.chunk) != counted.end()) continue;
+    counted.push_back(access.chunk);
+    if (access.on_host || !clock.queues_on_fetch_stream(access.chunk)) continue;
+    const std::optional<std::uint64_t> copy_ns = clock.fetch_ns(access.chunk);
+    if (copy_ns) behind.push_back({use_ns, *copy_ns});
+  }
+  return behind;
+}
+
 // Note [Planned prefetch]: the victim is the one Belady would evict when the
 // incoming chunk is used, and it may leave now only if nothing uses it before.
 std::optional<ChunkId> PlannedPolicy::choose_victim_for_prefetch(
@@ -429,7 +480,10 @@ void PlannedPolicy::on_step_end() {
         }
       }
       ++state_.planned_steps;
+      // Note [Write-backs ahead of spills]: the next step spills where this one did.
+      if (!step_spills.empty()) spills_ = std::move(step_spills);
       position_ = 0;
+      behind_cache_.reset();
       ref_traced_ns_ = 0;  // the step's end is the next one's start
       ref_real_ns_ = now_ns_;
       break;
@@ -468,6 +522,7 @@ void PlannedPolicy::build_plan() {
   const std::uint64_t first_ns = sequence.front().time_ns;
   install_plan(std::move(sequence), std::move(spills), now_ns_ > first_ns ? now_ns_ - first_ns : 0);
   position_ = 0;
+  behind_cache_.reset();
   ref_traced_ns_ = 0;
 }
 
@@ -489,6 +544,7 @@ void PlannedPolicy::install_plan(std::vector<Access> sequence, std::vector<Spill
   for (const Access& access : sequence_) high_waters.push_back(access.non_model_high_water);
   high_waters_ = RangeMax(high_waters);
   resident_from_ = resident_until_ = 0;
+  behind_cache_.reset();
   phase_ = Phase::following;
   ++state_.plans_built;
 }
@@ -500,6 +556,7 @@ void PlannedPolicy::diverge() {
   uses_.clear();
   spills_.clear();
   position_ = 0;
+  behind_cache_.reset();
   step_ns_ = 0;
   state_.detected_period = 0;
 }

@@ -98,14 +98,29 @@
 // they came before) and how many chunks each took. While following, the
 // policy names the chunks Belady would evict at the next such spill
 // (spill_victims_ahead: farthest next use from there, among the resident
-// chunks), less those in use now or written before the spill (cleaning them
-// would be undone; they are named once their last write is done), and the
-// chunk manager
-// writes the dirty ones back early, one at a time on the write-back stream,
-// keeping their device copies. The spill then finds them clean and frees
-// them without a wait. A chunk written again before it is evicted is only
-// dirty again (a writer waits for the write-back reading its bytes); the
-// cost of a wrong guess is one copy on the otherwise idle write-back stream.
+// chunks), and kSpareSpillVictims more, less those in use now or written
+// before the spill (cleaning them would be undone; they are named once their
+// last write is done), and the chunk manager writes the dirty ones back
+// early, one at a time on the write-back stream, keeping their device
+// copies. The spill then finds them clean and frees them without a wait. A
+// chunk written again before it is evicted is only dirty again (a writer
+// waits for the write-back reading its bytes); the cost of a wrong guess is
+// one copy on the otherwise idle write-back stream.
+//  - The spills expected are those of the latest followed step that spilled
+//    (the traced step's until then). The traced step ran under LRU, whose
+//    residency spills elsewhere: on the demo's GPT with torch's Adam at 52
+//    MiB (bench_train), the traced step spilled before access 320 and every
+//    followed step before accesses 119 and 248, so no write-back ahead ever
+//    met a spill, and the spills waited 8 ms a step for their victims'
+//    write-backs. A step that spills nowhere keeps the expectation, so that
+//    a step whose write-backs ahead avoided nothing does not drop them.
+//  - The spare victims: a prefetch started before the spill, for a chunk
+//    used after it, takes Belady's victim from there, the chunk named first,
+//    and the spill then takes the next one, dirty. There it waited for a
+//    whole write-back (3 ms of a 40 ms step at 52 MiB) after the prefetch
+//    took the clean one (bench_train: with one spare the spills' waits fell
+//    from 4.0-4.5 to 2.6 ms a step at 52 MiB and from 19-23 to 12-19 ms at
+//    42 MiB; two or three spares measured no better than one).
 //
 // When the fetch starts: Note [Prefetch timed by op durations]
 // (prefetch_timing.h). With the traced step's times, timed_prefetch() holds a
@@ -157,12 +172,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
 #include "allocator/policy/eviction_policy.h"
 #include "allocator/policy/lru_policy.h"
 #include "allocator/policy/period_detector.h"
+#include "allocator/policy/prefetch_timing.h"
 #include "allocator/policy/range_max.h"
 
 namespace spillway {
@@ -178,6 +195,8 @@ class PlannedPolicy final : public EvictionPolicy {
   // ahead of spills]): bounds the work per access (a ranking of the resident
   // chunks) to the accesses before a spill.
   static constexpr std::size_t kWriteBackLookahead = 256;
+  // Victims named beyond a spill's own (Note [Write-backs ahead of spills]).
+  static constexpr std::size_t kSpareSpillVictims = 1;
   // Note [Steps found in the access stream]: the accesses kept to find the
   // step in (the oldest half goes when full), so the longest step found.
   static constexpr std::size_t kMaxDetectionHistory = 1 << 19;
@@ -220,7 +239,8 @@ class PlannedPolicy final : public EvictionPolicy {
     std::uint64_t non_model_high_water;  // Note [Room a prefetch takes early]
   };
   // Note [Write-backs ahead of spills]: an allocation that spilled in the
-  // traced step, just before the access at `position`.
+  // traced step (or the latest followed one), just before the access at
+  // `position`.
   struct Spill {
     std::size_t position;
     std::size_t chunks;  // how many it evicted
@@ -241,6 +261,10 @@ class PlannedPolicy final : public EvictionPolicy {
   void start_marked_steps();
   // Note [Planned prefetch]: the next chunk to bring in, if any.
   std::optional<Candidate> next_prefetch(std::size_t lookahead) const;
+  // Note [Prefetch timed by op durations]: the fetches that will queue behind
+  // `first` on the fetch stream, in order of use, with their predicted uses.
+  std::vector<QueuedFetch> fetches_behind(const Candidate& first, std::uint64_t first_copy_ns,
+                                          const CopyClock& clock) const;
   // Note [Room a prefetch takes early]: whether non-model bytes are traced to
   // grow past `now` (today's) plus `room` before the access `ahead` on, up
   // to that access.
@@ -325,6 +349,15 @@ class PlannedPolicy final : public EvictionPolicy {
   // of resident chunks (none on the host); reset by every eviction.
   mutable std::size_t resident_from_ = 0;
   mutable std::size_t resident_until_ = 0;
+  // Note [Prefetch timed by op durations]: how long before its use the
+  // candidate fetch must arrive for the fetches behind it, kept until a
+  // chunk arrives or leaves or the position starts over.
+  struct BehindCache {
+    ChunkId chunk;
+    std::size_t use;  // position_ + ahead of its use
+    std::uint64_t lead_ns;
+  };
+  mutable std::optional<BehindCache> behind_cache_;
 };
 
 }  // namespace spillway

@@ -26,6 +26,16 @@
 //    with the margin (kCopyTimeMargin times the copy, plus kMarginNs);
 //    otherwise it starts now. So it starts at the last decision point that
 //    is in time, and takes its room no earlier.
+//  - Fetches queued behind: the fetch stream is a FIFO, so a fetch started
+//    at its own latest start leaves the next one no time: on the demo's GPT
+//    at 52 MiB (bench_train), two chunks the optimizer updates one after the
+//    other were fetched together at the first one's latest start, and the
+//    second stalled about 1 ms a step. So a fetch must also arrive by the
+//    latest start of the fetches queued behind it: taken in order of use
+//    (kFetchesBehind at most, within kFetchesBehind margined copies of its
+//    use), each starts at the latest that lands it before its use and lets
+//    the one behind it start at its own (latest_start_behind). A zero fill
+//    queues on no stream and constrains nothing.
 //  - Unknown durations (no traced times: a clock that never moved), or an
 //    unknown bandwidth: every fetch starts as early as room allows, as before
 //    timing existed.
@@ -35,12 +45,17 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace spillway {
 
 // The margin on a modelled copy time (Note [Prefetch timed by op durations]).
 inline constexpr double kCopyTimeMargin = 1.25;
 inline constexpr std::uint64_t kMarginNs = 20'000;
+
+// Fetches queued behind a candidate that its timing considers (Note [Prefetch
+// timed by op durations]).
+inline constexpr std::size_t kFetchesBehind = 8;
 
 // One candidate fetch, on the device clock.
 struct FetchTiming {
@@ -55,6 +70,9 @@ struct FetchTiming {
   std::uint64_t copy_ns = 0;  // the modelled copy
 };
 
+// A copy's modelled time with the margin: kCopyTimeMargin times it, plus kMarginNs.
+std::uint64_t margined_copy_ns(std::uint64_t copy_ns);
+
 // When the fetch would arrive if queued at `start_ns`.
 std::uint64_t arrival_ns(const FetchTiming& timing, std::uint64_t start_ns);
 
@@ -64,5 +82,18 @@ bool must_start_now(const FetchTiming& timing);
 
 // How late the fetch arrives after its use when started now (0: in time).
 std::uint64_t expected_stall_ns(const FetchTiming& timing);
+
+// A fetch that will queue behind the candidate on the same stream.
+struct QueuedFetch {
+  std::uint64_t use_ns = 0;  // its predicted use
+  std::uint64_t copy_ns = 0;
+};
+
+// The latest time the first of `behind` (in order of use) can start so that
+// each, started at its latest, lands before its use with the margin and
+// before the latest start of the one after it: the time by which a fetch
+// queued ahead of them must arrive. max() when `behind` is empty; 0 when
+// even a start at time 0 is too late.
+std::uint64_t latest_start_behind(const std::vector<QueuedFetch>& behind);
 
 }  // namespace spillway

@@ -1,7 +1,8 @@
 // Note [Prefetch timed by op durations] (allocator/policy/prefetch_timing.h):
 // the start decision on its own; in the planned policy, the fetch start
 // points a traced step's op durations and a copy bandwidth give, held back
-// until the latest start, queued behind earlier fetches, and today's
+// until the latest start, queued behind earlier fetches, early enough for
+// the fetches queued behind it, and today's
 // start-at-once when durations or bandwidth are unknown; with activations
 // sharing the device, a fetch that would force an extra spill waits, and one
 // that a traced rise of activations would spill waits until the rise is
@@ -66,6 +67,7 @@ struct FakeClock final : CopyClock {
   std::optional<std::uint64_t> copy;  // every chunk's; nullopt: bandwidth unknown
   std::uint64_t now_ns() const override { return now; }
   std::uint64_t stream_free_at_ns(ChunkId) const override { return free_at; }
+  bool queues_on_fetch_stream(ChunkId) const override { return true; }
   bool copies_modelled() const override { return copy.has_value(); }
   std::optional<std::uint64_t> fetch_ns(ChunkId) const override { return copy; }
   // Note [Room a prefetch takes early]: unlimited unless the test says.
@@ -125,18 +127,47 @@ StartPoints follow_after_trace(PlannedPolicy& policy, FakeClock& clock, int coun
   return points;
 }
 
+TEST(PrefetchTiming, AFetchArrivesByTheLatestStartOfTheFetchesBehindIt) {
+  EXPECT_EQ(latest_start_behind({}), std::numeric_limits<std::uint64_t>::max());
+  // Copies of 2 ms take 2.5 ms + 20 us with the margin.
+  const std::uint64_t margined = margined_copy_ns(2 * kMs);
+  EXPECT_EQ(margined, 2520 * 1000u);
+  // One behind, used at 10 ms: it must start by 10 ms less its copy.
+  EXPECT_EQ(latest_start_behind({{10 * kMs, 2 * kMs}}), 10 * kMs - margined);
+  // Two used back to back at 10 and 11 ms: the second must start by 11 ms
+  // less its copy, before the first's use, so the first must start a copy
+  // earlier still.
+  EXPECT_EQ(latest_start_behind({{10 * kMs, 2 * kMs}, {11 * kMs, 2 * kMs}}),
+            11 * kMs - 2 * margined);
+  // Far apart, each only by its own use.
+  EXPECT_EQ(latest_start_behind({{10 * kMs, 2 * kMs}, {30 * kMs, 2 * kMs}}), 10 * kMs - margined);
+  EXPECT_EQ(latest_start_behind({{1 * kMs, 2 * kMs}}), 0u) << "too late at any start";
+}
+
 TEST(PlannedPolicyTiming, AFetchStartsAtTheLatestAccessThatStillLandsItBeforeItsUse) {
-  // Chunks 6 and 7, used 6 and 7 ms into the step, copy in 1.5 ms each.
+  // Chunk 6, used 6 ms into the step, copies in 1.5 ms.
+  PlannedPolicy policy(1);
+  FakeClock clock;
+  clock.copy = 1500 * 1000;
+  const StartPoints points = follow_after_trace(policy, clock, 8, {6});
+  // After access 3 (3 ms), starting after access 4 (4 ms) still lands 6 at
+  // 4 + 1.5 * 1.25 < 6 ms; after access 4 the next point (5 ms) is too late.
+  EXPECT_EQ(points.started_after.at(6), 4);
+  EXPECT_EQ(points.expected_stall_ns.at(6), 0u);
+}
+
+TEST(PlannedPolicyTiming, AFetchLeavesTheFetchQueuedBehindItTimeToLand) {
+  // Chunks 6 and 7, used 6 and 7 ms into the step, copy in 1.5 ms each, on
+  // one FIFO stream. 7 must start by 7 - 1.895 = 5.105 ms, so 6 must land by
+  // then: started at 4 ms it would land at 5.895 with the margin, so it
+  // starts after access 3. 7 then waits until its own latest point, after
+  // access 5 (5 ms), and lands at 6.5 ms.
   PlannedPolicy policy(1);
   FakeClock clock;
   clock.copy = 1500 * 1000;
   const StartPoints points = follow_after_trace(policy, clock, 8, {6, 7});
-  // After access 3 (3 ms), starting after access 4 (4 ms) still lands 6 at
-  // 4 + 1.5 * 1.25 < 6 ms; after access 4 the next point (5 ms) is too late.
-  EXPECT_EQ(points.started_after.at(6), 4);
-  // 7 queues behind 6 (the fetch stream is a FIFO): at 5.5 + 1.5 * 1.25 >
-  // 7 ms it must start at once too, and lands at 7 ms.
-  EXPECT_EQ(points.started_after.at(7), 4);
+  EXPECT_EQ(points.started_after.at(6), 3);
+  EXPECT_EQ(points.started_after.at(7), 5);
   EXPECT_EQ(points.expected_stall_ns.at(6), 0u);
   EXPECT_EQ(points.expected_stall_ns.at(7), 0u);
 }
