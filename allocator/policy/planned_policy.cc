@@ -237,12 +237,16 @@ std::vector<ChunkId> PlannedPolicy::spill_victims_ahead(
   // ... farthest next use first; stable, so ties keep LRU's order, as choose_victim's do.
   std::ranges::stable_sort(ranked, std::ranges::greater{}, &Victim::next_use);
   ranked.resize(std::min(spill.chunks + kSpareSpillVictims, ranked.size()));
-  // ... those that may be written back now and stay clean until the spill.
+  // ... those that may be written back now and stay clean until the spill;
+  // the spares only once the spill's own may, so that a spare's write-back
+  // never holds up theirs (one at a time on the write-back stream).
   std::vector<ChunkId> victims;
-  for (const Victim& victim : ranked) {
-    if (candidates.evictable(victim.chunk) &&
-        !written_between(victim.chunk, position_, spill.position)) {
-      victims.push_back(victim.chunk);
+  for (std::size_t rank = 0; rank < ranked.size(); ++rank) {
+    const ChunkId chunk = ranked[rank].chunk;
+    if (candidates.evictable(chunk) && !written_between(chunk, position_, spill.position)) {
+      victims.push_back(chunk);
+    } else if (rank < spill.chunks) {
+      break;
     }
   }
   return victims;

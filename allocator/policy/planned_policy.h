@@ -116,7 +116,9 @@
 //    a step whose write-backs ahead avoided nothing does not drop them.
 //  - The spare victims: a prefetch started before the spill, for a chunk
 //    used after it, takes Belady's victim from there, the chunk named first,
-//    and the spill then takes the next one, dirty. There it waited for a
+//    and the spill then takes the next one, dirty. A spare is named only
+//    once the spill's own victims are: its write-back, started first, held
+//    up theirs (a chunk-manager test caught it, 1 in several runs). There it waited for a
 //    whole write-back (3 ms of a 40 ms step at 52 MiB) after the prefetch
 //    took the clean one (bench_train: with one spare the spills' waits fell
 //    from 4.0-4.5 to 2.6 ms a step at 52 MiB and from 19-23 to 12-19 ms at

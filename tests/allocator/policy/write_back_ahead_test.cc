@@ -67,16 +67,16 @@ TEST(WriteBackAhead, TheVictimsAreBeladysAtTheTracedSpillOnceNothingWritesThemBe
   // From the spill (before the fourth access, chunk 3's), chunk 1 is next
   // used farthest (in the next step, after 0), then 0 (the spare); 2 and 3
   // at once, never named. Both are written before the spill, so neither is
-  // named until its write is done.
+  // named until its write is done, and the spare not before the spill's own.
   EXPECT_TRUE(policy.spill_victims_ahead(all).empty());
   access(policy, kStep[0]);  // 0 written: 1 still to be
-  EXPECT_EQ(policy.spill_victims_ahead(all), (std::vector<ChunkId>{chunk(0)}));
+  EXPECT_TRUE(policy.spill_victims_ahead(all).empty()) << "the spare waits for the spill's own";
   access(policy, kStep[1]);
   EXPECT_EQ(policy.spill_victims_ahead(all), (std::vector<ChunkId>{chunk(1), chunk(0)}));
   // A chunk in use now is not named, nor replaced by one the spill keeps.
   Resident busy({0, 1, 2, 3});
   busy.in_use_ = {1};
-  EXPECT_EQ(policy.spill_victims_ahead(busy), (std::vector<ChunkId>{chunk(0)}));
+  EXPECT_TRUE(policy.spill_victims_ahead(busy).empty());
   access(policy, kStep[2]);
   EXPECT_EQ(policy.spill_victims_ahead(all), (std::vector<ChunkId>{chunk(1), chunk(0)}));
 }
